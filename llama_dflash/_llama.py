@@ -1,0 +1,265 @@
+"""Owners of llama.cpp handles: one Python object per C handle, idempotent `close()`.
+
+Every handle created here is registered in a weak set; an `atexit` hook closes whatever is
+still open before the interpreter tears down ctypes, so exiting without `close()` is safe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+import weakref
+from collections import deque
+from typing import Callable, Optional
+
+import llama_cpp
+from llama_cpp import llama_cpp as ll
+
+from .errors import LlamaCallError
+
+__all__ = ["Model", "Context", "BatchExt", "ensure_backend", "set_verbose", "recent_log_messages"]
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_verbose = False
+_messages: deque[tuple[int, str]] = deque(maxlen=200)
+_open: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
+
+_LEVEL_WARN = 2
+_LEVEL_ERROR = 3
+_LEVEL_CONT = 5
+_last_level = 0
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Keep llama.cpp quiet unless verbose; remember warnings and errors for the report."""
+    global _last_level
+    if level != _LEVEL_CONT:
+        _last_level = level
+    msg = text.decode("utf-8", errors="replace")
+    if _last_level in (_LEVEL_WARN, _LEVEL_ERROR) and msg.strip():
+        _messages.append((_last_level, msg.rstrip()))
+    if _verbose:
+        import sys
+
+        sys.stderr.write(msg)
+
+
+def set_verbose(verbose: bool) -> None:
+    global _verbose
+    _verbose = bool(verbose)
+
+
+def recent_log_messages() -> list[tuple[str, str]]:
+    """Warnings and errors llama.cpp logged in this process, oldest first."""
+    return [("warning" if lvl == _LEVEL_WARN else "error", m) for lvl, m in _messages]
+
+
+def ensure_backend() -> None:
+    """Initialise the llama.cpp backend once per process and install our log callback."""
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _backend_ready = True
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    # contexts before models: a context references its model
+    for handle in sorted(list(_open), key=lambda h: h.close_order):
+        try:
+            handle.close()
+        except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
+            pass
+    # the Python log callback dies with the interpreter; hand logging back to C
+    try:
+        ll.llama_log_set(ctypes.cast(None, ll.llama_log_callback), ctypes.c_void_p(0))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _Handle:
+    close_order = 0
+
+    def __init__(self) -> None:
+        self._ptr: Optional[int] = None
+        _open.add(self)
+
+    @property
+    def ptr(self) -> int:
+        if self._ptr is None:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def _free(self, ptr: int) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            self._free(ptr)
+        _open.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class Model(_Handle):
+    """A loaded GGUF model."""
+
+    close_order = 2
+
+    def __init__(self, path: str, n_gpu_layers: int = -1, use_mmap: bool = True):
+        super().__init__()
+        ensure_backend()
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        params.use_mmap = use_mmap
+        ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
+        if not ptr:
+            raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")
+        self._ptr = ptr
+        self.path = path
+        self.vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(ll.llama_model_n_embd(ptr))
+        self.n_layer = int(ll.llama_model_n_layer(ptr))
+
+    def _free(self, ptr: int) -> None:
+        ll.llama_model_free(ptr)
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        out = bytearray()
+        buf = ctypes.create_string_buffer(256)
+        for tok in tokens:
+            n = ll.llama_token_to_piece(self.vocab, tok, buf, len(buf), 0, False)
+            if n > 0:
+                out += buf.raw[:n]
+        return out.decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def meta(self, key: str) -> Optional[str]:
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode("utf-8"), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+
+class Context(_Handle):
+    """A llama.cpp context over a Model; keeps the model alive as long as it lives."""
+
+    close_order = 1
+
+    def __init__(self, model: Model, params: "ll.llama_context_params"):
+        super().__init__()
+        self.model = model
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise LlamaCallError(f"llama.cpp could not create a context for {model.path}")
+        self._ptr = ptr
+        self.memory = ll.llama_get_memory(ptr)
+        self.n_ctx = int(ll.llama_n_ctx(ptr))
+        self.n_batch = int(ll.llama_n_batch(ptr))
+        self.n_ubatch = int(ll.llama_n_ubatch(ptr))
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run `fn` just before the context is freed (e.g. detach a sampler it references)."""
+        self._on_close.append(fn)
+
+    def _free(self, ptr: int) -> None:
+        for fn in reversed(self._on_close):
+            fn()
+        self._on_close.clear()
+        ll.llama_free(ptr)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+
+    def pos_max(self, seq_id: int = 0) -> int:
+        return int(ll.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.memory, True)
+
+
+class BatchExt(_Handle):
+    """A reusable `llama_batch_ext` sized for its context (allocated once, cleared per step)."""
+
+    close_order = 0
+
+    def __init__(self, ctx: Context):
+        super().__init__()
+        ptr = ll.llama_batch_ext_init(ctx.ptr)
+        if not ptr:
+            raise LlamaCallError("llama_batch_ext_init failed")
+        self._ptr = ptr
+        self.ctx = ctx
+        self.n = 0
+        self._pos = (ll.llama_pos * 4)()
+
+    def _free(self, ptr: int) -> None:
+        ll.llama_batch_ext_free(ptr)
+
+    def clear(self) -> None:
+        ll.llama_batch_ext_clear(self.ptr)
+        self.n = 0
+
+    def add_token(self, token: int, pos: int, output: bool, seq_id: int = 0) -> int:
+        idx = ll.llama_batch_ext_add_token(self._ptr, seq_id, token)
+        if idx < 0:
+            raise LlamaCallError(f"llama_batch_ext_add_token failed ({idx}) for token {token} at {pos}")
+        self._pos[0] = pos
+        ll.llama_batch_ext_set_pos(self._ptr, idx, self._pos)
+        if output:
+            ll.llama_batch_ext_set_output_logits(self._ptr, idx, True)
+        self.n += 1
+        return idx
+
+    def add_embd(self, embd: "ll.llama_embd", pos: int, seq_id: int = 0) -> int:
+        idx = ll.llama_batch_ext_add_embd(self._ptr, seq_id, embd)
+        if idx < 0:
+            raise LlamaCallError(f"llama_batch_ext_add_embd failed ({idx}) at position {pos}")
+        pa = self._pos
+        pa[0] = pa[1] = pa[2] = pos
+        pa[3] = 0
+        ll.llama_batch_ext_set_pos(self._ptr, idx, pa)
+        self.n += 1
+        return idx
+
+    def process(self) -> int:
+        """Decode the batch on its context; returns llama.cpp's status code."""
+        return int(ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, self._ptr))
+
+
+def llama_cpp_version() -> str:
+    return str(getattr(llama_cpp, "__version__", "unknown"))

@@ -1,0 +1,88 @@
+"""Configuration dataclasses: what the user asks for, validated before any model is loaded."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS"]
+
+ALGORITHMS = ("auto", "dflash", "dspark")
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: Optional[int] = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ValueError(f"{name} must be {bound}, not {value}")
+
+
+@dataclass
+class SpecConfig:
+    """How to draft: which draft file, which algorithm, how many tokens and how picky.
+
+    `draft_n_max` is clamped to what the draft's block can yield (with a warning) once the
+    draft file is known; see `LlamaDFlashDecoding`.
+    """
+
+    draft_model: str
+    algorithm: str = "auto"
+    draft_n_max: int = 7
+    draft_n_min: int = 0
+    draft_p_min: float = 0.0
+    backend_sampling: bool = True
+    draft_n_gpu_layers: int = -1
+    draft_n_threads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draft_model, (str, os.PathLike)) or not os.fspath(self.draft_model):
+            raise ValueError(f"draft_model must be a path to a draft GGUF, not {self.draft_model!r}")
+        self.draft_model = os.fspath(self.draft_model)
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {self.algorithm!r}")
+        _check_int("draft_n_max", self.draft_n_max, 1)
+        _check_int("draft_n_min", self.draft_n_min, 0)
+        if self.draft_n_min > self.draft_n_max:
+            raise ValueError(
+                f"draft_n_min ({self.draft_n_min}) must not exceed draft_n_max ({self.draft_n_max})"
+            )
+        if isinstance(self.draft_p_min, bool) or not isinstance(self.draft_p_min, (int, float)):
+            raise ValueError(f"draft_p_min must be a number in [0, 1], not {self.draft_p_min!r}")
+        if not 0.0 <= float(self.draft_p_min) <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1], not {self.draft_p_min}")
+        self.draft_p_min = float(self.draft_p_min)
+        if not isinstance(self.backend_sampling, bool):
+            raise ValueError(f"backend_sampling must be True or False, not {self.backend_sampling!r}")
+        _check_int("draft_n_gpu_layers", self.draft_n_gpu_layers, -1)
+        if self.draft_n_threads is not None:
+            _check_int("draft_n_threads", self.draft_n_threads, 1)
+
+
+@dataclass
+class TargetConfig:
+    """How to load the target model and size its context."""
+
+    model: str
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: Optional[int] = None
+    n_gpu_layers: int = -1
+    seed: int = 0
+    verbose: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
+            raise ValueError(f"model must be a path to a target GGUF, not {self.model!r}")
+        self.model = os.fspath(self.model)
+        _check_int("n_ctx", self.n_ctx, 16)
+        _check_int("n_batch", self.n_batch, 1)
+        _check_int("n_ubatch", self.n_ubatch, 1)
+        if self.n_ubatch > self.n_batch:
+            raise ValueError(f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
+        if self.n_threads is not None:
+            _check_int("n_threads", self.n_threads, 1)
+        _check_int("n_gpu_layers", self.n_gpu_layers, -1)

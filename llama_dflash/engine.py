@@ -1,0 +1,183 @@
+"""`LlamaDFlashDecoding`: a target and a DFlash/DSpark draft, validated, loaded and driven together."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence
+
+from . import _bindings as ext
+from ._llama import Model, set_verbose
+from .config import SpecConfig, TargetConfig
+from .generate import GenerationState, ordinary_generate, speculative_generate
+from .inspect import DraftInfo, GGUFInfo, read_gguf, validate_pair, validate_target
+from .proposer import DFlashProposer, Proposer
+from .sampling import Sampler, SamplingParams
+from .stats import SpecStats
+from .target import TargetContext
+
+__all__ = ["LlamaDFlashDecoding", "OrdinaryDecoding", "GenerationResult"]
+
+
+class GenerationResult:
+    """Tokens of one generation with its finish reason and statistics."""
+
+    def __init__(self, tokens: list[int], finish_reason: Optional[str], stats: SpecStats):
+        self.tokens = tokens
+        self.finish_reason = finish_reason
+        self.stats = stats
+
+    def __repr__(self) -> str:
+        return f"GenerationResult({len(self.tokens)} tokens, finish_reason={self.finish_reason!r})"
+
+
+class _Decoder:
+    """Shared life cycle: owns a target context, closes it once, usable as a context manager."""
+
+    target: TargetContext
+    _owns_model: bool
+    _model: Optional[Model]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.target.model.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.target.model.detokenize(list(tokens))
+
+    def _sampler(self, sampling: Optional[SamplingParams]) -> Sampler:
+        return Sampler(sampling or SamplingParams())
+
+
+def _load_target_model(config: TargetConfig, model: Optional[Model]) -> tuple[Model, bool]:
+    if model is not None:
+        return model, False
+    return Model(config.model, n_gpu_layers=config.n_gpu_layers), True
+
+
+class OrdinaryDecoding(_Decoder):
+    """Plain decoding of the target, with the same prefill and sampler as the speculative engine."""
+
+    def __init__(self, target: TargetConfig, *, model: Optional[Model] = None):
+        set_verbose(target.verbose)
+        self.target_info: GGUFInfo = read_gguf(target.model)
+        self._model, self._owns_model = _load_target_model(target, model)
+        self.target = TargetContext(self._model, target)
+        self.last_stats = SpecStats()
+
+    def close(self) -> None:
+        if getattr(self, "target", None) is not None:
+            self.target.close()
+        if getattr(self, "_owns_model", False) and self._model is not None:
+            self._model.close()
+        self._model = None
+
+    def stream(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
+               *, ignore_eos: bool = False, state: Optional[GenerationState] = None) -> Iterator[int]:
+        self.last_stats = SpecStats(algorithm="ordinary")
+        return ordinary_generate(self.target, list(prompt), max_tokens, self._sampler(sampling),
+                                 ignore_eos=ignore_eos, state=state, stats=self.last_stats)
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
+                 *, ignore_eos: bool = False) -> GenerationResult:
+        state = GenerationState()
+        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state))
+        return GenerationResult(tokens, state.finish_reason, self.last_stats)
+
+
+class LlamaDFlashDecoding(_Decoder):
+    """DFlash/DSpark speculative decoding of one sequence (seq_id 0).
+
+    Both files are validated in Python before llama.cpp sees them (llama.cpp aborts the process
+    on several incompatibilities).  The draft context shares the target's embeddings and LM head
+    through `ctx_other`; target-layer inputs are captured after every target decode and injected
+    into the draft's KV cache.
+    """
+
+    def __init__(self, target: TargetConfig, spec: SpecConfig, *, model: Optional[Model] = None):
+        set_verbose(target.verbose)
+        ext.check_symbols()
+        self.spec = spec
+        self.target_info: GGUFInfo = read_gguf(target.model)
+        validate_target(self.target_info)
+        self.draft_info: DraftInfo = validate_pair(self.target_info, read_gguf(spec.draft_model), spec.algorithm)
+        self.algorithm = self.draft_info.algorithm
+        self.last_stats = self._new_stats()
+        self._model, self._owns_model = _load_target_model(target, model)
+        self.target = None  # type: ignore[assignment]
+        self.proposer: Optional[Proposer] = None
+        try:
+            n_max = min(spec.draft_n_max, self.draft_info.max_draft_tokens)
+            self.target = TargetContext(
+                self._model, target, extract_layers=self.draft_info.target_layers,
+                n_outputs_max_per_seq=0,
+            )
+            self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
+            self.proposer = self._dflash
+            assert self._dflash.n_max == n_max
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def draft_n_max(self) -> int:
+        return self._dflash.n_max
+
+    def _new_stats(self) -> SpecStats:
+        return SpecStats(
+            algorithm=self.algorithm,
+            draft_n_max=min(self.spec.draft_n_max, self.draft_info.max_draft_tokens),
+            backend_sampling_requested=self.spec.backend_sampling,
+            backend_sampling_active=False,
+        )
+
+    def close(self) -> None:
+        """Free draft, then target, then the model (if we loaded it). Safe to call twice."""
+        proposer, self.proposer = getattr(self, "proposer", None), None
+        if proposer is not None:
+            proposer.close()
+        dflash = getattr(self, "_dflash", None)
+        if dflash is not None:
+            dflash.close()
+        target = getattr(self, "target", None)
+        if target is not None:
+            target.close()
+        if getattr(self, "_owns_model", False) and getattr(self, "_model", None) is not None:
+            self._model.close()
+        self._model = None
+
+    @property
+    def closed(self) -> bool:
+        return self.proposer is None
+
+    def use_proposer(self, proposer: Proposer) -> None:
+        """Swap in another proposer (e.g. a ScriptedProposer wrapping this engine's draft)."""
+        self.proposer = proposer
+
+    def stream(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
+               *, ignore_eos: bool = False, state: Optional[GenerationState] = None) -> Iterator[int]:
+        """Yield generated tokens one by one; statistics land in `self.last_stats`."""
+        if self.proposer is None:
+            raise RuntimeError("LlamaDFlashDecoding is closed")
+        self.last_stats = stats = self._new_stats()
+        self._dflash.stats = stats
+        return speculative_generate(self.target, self.proposer, list(prompt), max_tokens,
+                                    self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats)
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
+                 *, ignore_eos: bool = False) -> GenerationResult:
+        state = GenerationState()
+        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state))
+        return GenerationResult(tokens, state.finish_reason, self.last_stats)

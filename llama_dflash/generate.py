@@ -1,0 +1,213 @@
+"""The generation loops: ordinary decoding and draft-verify-accept speculative decoding.
+
+Both are generators yielding one token at a time.  Each speculative step is a few small
+functions (draft, verify, accept, commit); the cache rewind sits in `finally:` so a consumer
+that stops early, or an exception mid-step, leaves target and draft caches consistent with
+the tokens actually handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from .errors import LlamaCallError
+from .proposer import Proposer
+from .sampling import Sampler
+from .stats import SpecStats
+from .target import TargetContext
+
+__all__ = ["GenerationState", "prefill", "ordinary_generate", "speculative_generate", "check_prompt"]
+
+
+@dataclass
+class GenerationState:
+    """Where a generation stands: committed tokens, finish reason, timing."""
+
+    prompt_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop" | "length" | None while running
+    n_past: int = 0  # target/draft cache positions that are valid
+
+
+def check_prompt(prompt: Sequence[int], n_ctx: int) -> None:
+    if len(prompt) == 0:
+        raise ValueError("the prompt must contain at least one token")
+    if len(prompt) > n_ctx:
+        raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context size n_ctx={n_ctx}")
+
+
+def prefill(
+    target: TargetContext,
+    tokens: Sequence[int],
+    on_decoded: Optional[Callable[[np.ndarray, int], None]] = None,
+) -> None:
+    """Decode tokens in n_batch chunks without logits; `on_decoded(features, pos0)` after each."""
+    step = target.ctx.n_batch
+    for start in range(0, len(tokens), step):
+        chunk = tokens[start : start + step]
+        target.decode(chunk, start, logits="none")
+        if on_decoded is not None:
+            on_decoded(target.layer_features(), start)
+
+
+def _is_stop(token: int, target: TargetContext, ignore_eos: bool) -> bool:
+    return not ignore_eos and target.model.is_eog(token)
+
+
+def ordinary_generate(
+    target: TargetContext,
+    prompt: Sequence[int],
+    max_tokens: int,
+    sampler: Sampler,
+    *,
+    ignore_eos: bool = False,
+    state: Optional[GenerationState] = None,
+    stats: Optional[SpecStats] = None,
+) -> Iterator[int]:
+    """Plain decoding, one target decode per token, with the same prefill as the speculative loop."""
+    state = state if state is not None else GenerationState()
+    stats = stats if stats is not None else SpecStats()
+    check_prompt(prompt, target.n_ctx)
+    t_start = time.perf_counter()
+    target.clear()
+    state.prompt_tokens = stats.prompt_tokens = len(prompt)
+    prefill(target, prompt[:-1])
+    stats.prefill_seconds = time.perf_counter() - t_start
+    n_past, id_last = len(prompt) - 1, int(prompt[-1])
+    try:
+        while len(state.tokens) < max_tokens:
+            if n_past >= target.n_ctx:
+                state.finish_reason = "length"
+                return
+            t0 = time.perf_counter()
+            target.decode((id_last,), n_past, logits="last")
+            row = target.logits_row(0)
+            t1 = time.perf_counter()
+            tok = sampler(row)
+            stats.sample_seconds += time.perf_counter() - t1
+            stats.target_seconds += t1 - t0
+            stats.verification_steps += 1
+            n_past += 1
+            state.n_past = n_past
+            if _is_stop(tok, target, ignore_eos):
+                state.finish_reason = "stop"
+                return
+            if not state.tokens:
+                stats.first_token_seconds = time.perf_counter() - t_start
+            state.tokens.append(tok)
+            stats.generated_tokens += 1
+            id_last = tok
+            yield tok
+        state.finish_reason = "length"
+    finally:
+        stats.total_seconds = time.perf_counter() - t_start
+
+
+def speculative_generate(
+    target: TargetContext,
+    proposer: Proposer,
+    prompt: Sequence[int],
+    max_tokens: int,
+    sampler: Sampler,
+    *,
+    ignore_eos: bool = False,
+    state: Optional[GenerationState] = None,
+    stats: Optional[SpecStats] = None,
+    choose_n_draft: Optional[Callable[[int], int]] = None,
+) -> Iterator[int]:
+    """Draft a block, verify it in one target batch, keep the agreeing prefix plus one target token."""
+    state = state if state is not None else GenerationState()
+    stats = stats if stats is not None else SpecStats()
+    check_prompt(prompt, target.n_ctx)
+    t_start = time.perf_counter()
+    target.clear()
+    proposer.clear()
+    state.prompt_tokens = stats.prompt_tokens = len(prompt)
+
+    def inject(features: np.ndarray, pos0: int) -> None:
+        proposer.inject(features, pos0)
+
+    n_past, id_last = len(prompt) - 1, int(prompt[-1])
+    consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
+    try:
+        prefill(target, prompt[:-1], inject)
+        stats.prefill_seconds = time.perf_counter() - t_start
+        while consumed < max_tokens:
+            room = target.n_ctx - 1 - n_past  # positions left after id_last's
+            if room < 0:
+                state.finish_reason = "length"
+                return
+            n_draft = min(proposer.n_max, room, max_tokens - consumed - 1)
+            if choose_n_draft is not None:
+                n_draft = min(n_draft, choose_n_draft(n_draft))
+            draft = proposer.propose(id_last, n_past, n_draft) if n_draft > 0 else []
+            ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats)
+            n_past += len(ids)
+            state.n_past = n_past
+            _rollback(target, proposer, n_past)
+            for tok in ids:
+                if _is_stop(tok, target, ignore_eos):
+                    state.finish_reason = "stop"
+                    return
+                if consumed == 0:
+                    stats.first_token_seconds = time.perf_counter() - t_start
+                state.tokens.append(tok)
+                consumed += 1
+                stats.generated_tokens += 1
+                yield tok
+                if consumed >= max_tokens:
+                    break
+            id_last = ids[-1]
+        state.finish_reason = "length"
+    finally:
+        stats.total_seconds = time.perf_counter() - t_start
+        # tokens decoded beyond what the consumer took must not stay in either cache
+        keep = len(prompt) - 1 + consumed
+        if keep < n_past:
+            _rollback(target, proposer, keep)
+            state.n_past = keep
+
+
+def _verify_and_accept(
+    target: TargetContext,
+    proposer: Proposer,
+    sampler: Sampler,
+    id_last: int,
+    draft: list[int],
+    n_past: int,
+    stats: SpecStats,
+) -> list[int]:
+    """Decode [id_last, *draft] with logits on every row; sample rows until one disagrees."""
+    t0 = time.perf_counter()
+    target.decode((id_last, *draft), n_past, logits="all")
+    first = target.logits_row(0)  # the first read synchronises with the device
+    t1 = time.perf_counter()
+    stats.target_seconds += t1 - t0
+    ids: list[int] = []
+    row = first
+    for i in range(len(draft) + 1):
+        if i:
+            row = target.logits_row(i)
+        tok = sampler(row)
+        ids.append(tok)
+        if i == len(draft) or tok != draft[i]:
+            break
+    t2 = time.perf_counter()
+    stats.sample_seconds += t2 - t1
+    n_accepted = len(ids) - 1
+    stats.record_step(len(draft), n_accepted)
+    # only the rows that stay in the target cache feed the draft: id_last and accepted drafts
+    proposer.inject(target.layer_features(n_accepted + 1), n_past)
+    return ids
+
+
+def _rollback(target: TargetContext, proposer: Proposer, n_past: int) -> None:
+    """Drop every cache cell at positions >= n_past on both contexts."""
+    ok_t = target.seq_rm(n_past)
+    proposer.rollback(n_past)
+    if not ok_t:
+        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_past}")

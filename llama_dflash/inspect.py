@@ -1,0 +1,340 @@
+"""Read GGUF metadata of targets and drafts with the `gguf` package and check that a pair fits.
+
+Everything here runs before a file is handed to llama.cpp: several incompatibilities make
+llama.cpp abort the whole process (GGML_ASSERT), so they must be caught in Python first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import GGUFFileError, IncompatibleModelError, UnsupportedTargetError
+
+__all__ = [
+    "GGUFInfo",
+    "DraftInfo",
+    "read_gguf",
+    "read_draft",
+    "validate_target",
+    "validate_pair",
+    "LAYER_INPUT_ARCHS",
+    "RS_ROLLBACK_ARCHS",
+]
+
+#: Target architectures whose llama.cpp graph exposes per-layer inputs (the DFlash features).
+LAYER_INPUT_ARCHS = frozenset(
+    {
+        "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp",
+        "gemma3n", "gemma4", "gpt-oss", "mimo2", "minimax-01", "minimax-m2", "muse-glimmer",
+        "nanbeige", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3",
+        "deepseek4", "hunyuan_vl", "hunyuan-dense", "hunyuan-moe",
+    }
+)
+
+#: Recurrent/hybrid architectures that honour `n_rs_seq` (native snapshot rollback).
+RS_ROLLBACK_ARCHS = frozenset(
+    {
+        "qwen35", "qwen35moe", "qwen4exp", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe",
+        "deepseek4", "glm5_next", "kimi_k3", "bailingmoe3",
+    }
+)
+
+_DRAFT_REQUIRED_KEYS = (
+    "dflash.context_length",
+    "dflash.embedding_length",
+    "dflash.block_count",
+    "dflash.feed_forward_length",
+    "dflash.attention.head_count",
+    "dflash.attention.layer_norm_rms_epsilon",
+)
+
+MAX_BLOCK_SIZE = 256
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """The metadata of one GGUF file that speculative decoding cares about."""
+
+    path: str
+    architecture: str
+    name: str
+    file_type: str
+    n_layer: int
+    n_embd: int
+    n_ctx_train: int
+    tokenizer_model: str
+    tokens: tuple[str, ...]
+    tensor_names: frozenset[str]
+    tensor_types: dict[str, int]
+    metadata: dict[str, Any] = field(repr=False)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def basename(self) -> str:
+        return os.path.basename(self.path)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+
+@dataclass(frozen=True)
+class DraftInfo:
+    """A validated DFlash/DSpark draft: what the engine needs to drive it."""
+
+    gguf: GGUFInfo
+    algorithm: str  # "dflash" | "dspark"
+    target_layers: tuple[int, ...]
+    block_size: int
+    mask_token_id: int
+    causal_attention: bool
+    sample_from_anchor: bool
+    has_confidence_head: bool
+    has_token_embd: bool
+    has_output: bool
+    reduced_vocab: Optional[int]  # rows of d2t, None for full-vocabulary drafts
+    is_dflash2: bool
+
+    @property
+    def path(self) -> str:
+        return self.gguf.path
+
+    @property
+    def anchor_first(self) -> bool:
+        """DSpark with sample_from_anchor reads slots 0..n-1 of `[last, MASK x (n-1)]`."""
+        return self.algorithm == "dspark" and self.sample_from_anchor
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most draft tokens one block can yield."""
+        return self.block_size if self.anchor_first else self.block_size - 1
+
+
+def _field_value(field: Any) -> Any:
+    from gguf import GGUFValueType
+
+    types = list(field.types)
+    if not types:
+        return None
+
+    def scalar(part: Any, vtype: Any) -> Any:
+        if vtype == GGUFValueType.STRING:
+            return bytes(part).decode("utf-8", errors="replace")
+        value = part[0]
+        if vtype == GGUFValueType.BOOL:
+            return bool(value)
+        if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+            return float(value)
+        return int(value)
+
+    if types[0] == GGUFValueType.ARRAY:
+        if len(types) < 2:
+            return []
+        return [scalar(field.parts[i], types[1]) for i in field.data]
+    return scalar(field.parts[field.data[0]], types[0])
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Read a GGUF file's metadata; raises GGUFFileError if it is missing or not GGUF."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise GGUFFileError(path, "no such file")
+    if os.path.isdir(path):
+        raise GGUFFileError(path, "is a directory, expected a .gguf file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise GGUFFileError(path, f"cannot be read ({exc.strerror})") from exc
+    if magic != b"GGUF":
+        raise GGUFFileError(path, f"is not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # the gguf package raises a variety of errors on truncated files
+        raise GGUFFileError(path, f"is not a readable GGUF file ({exc})") from exc
+
+    meta: dict[str, Any] = {}
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        try:
+            meta[name] = _field_value(fld)
+        except Exception:  # noqa: BLE001 - an odd field must not hide the others
+            meta[name] = None
+    arch = str(meta.get("general.architecture") or "")
+    tensor_types = {t.name: int(t.tensor_type) for t in reader.tensors}
+    del reader
+    return GGUFInfo(
+        path=path,
+        architecture=arch,
+        name=str(meta.get("general.name") or os.path.basename(path)),
+        file_type=_file_type_name(meta.get("general.file_type"), tensor_types),
+        n_layer=int(meta.get(f"{arch}.block_count") or 0),
+        n_embd=int(meta.get(f"{arch}.embedding_length") or 0),
+        n_ctx_train=int(meta.get(f"{arch}.context_length") or 0),
+        tokenizer_model=str(meta.get("tokenizer.ggml.model") or ""),
+        tokens=tuple(meta.get("tokenizer.ggml.tokens") or ()),
+        tensor_names=frozenset(tensor_types),
+        tensor_types=tensor_types,
+        metadata=meta,
+    )
+
+
+def _file_type_name(file_type: Any, tensor_types: dict[str, int]) -> str:
+    """A quantization label: general.file_type when present, else the most common tensor type."""
+    try:
+        from gguf import GGMLQuantizationType, LlamaFileType
+
+        if file_type is not None:
+            name = LlamaFileType(int(file_type)).name
+            return name.replace("MOSTLY_", "")
+        if tensor_types:
+            counts: dict[int, int] = {}
+            for t in tensor_types.values():
+                counts[t] = counts.get(t, 0) + 1
+            return GGMLQuantizationType(max(counts, key=counts.__getitem__)).name
+    except (ValueError, ImportError):
+        pass
+    return "unknown"
+
+
+def validate_target(target: GGUFInfo) -> None:
+    """The target must be an architecture with layer-input extraction."""
+    if not target.architecture:
+        raise IncompatibleModelError(target.path, "general.architecture", None, "a model architecture")
+    if target.architecture == "dflash":
+        raise IncompatibleModelError(
+            target.path, "general.architecture", "dflash", "a target model (this file is a DFlash draft)"
+        )
+    if target.architecture not in LAYER_INPUT_ARCHS:
+        raise UnsupportedTargetError(
+            target.path,
+            "general.architecture",
+            target.architecture,
+            "an architecture whose llama.cpp graph exposes layer inputs "
+            f"({', '.join(sorted(LAYER_INPUT_ARCHS))})",
+        )
+    if target.n_layer <= 0 or target.n_embd <= 0:
+        raise IncompatibleModelError(
+            target.path, f"{target.architecture}.block_count/embedding_length",
+            (target.n_layer, target.n_embd), "positive integers",
+        )
+
+
+def read_draft(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Read a file and check that it is a DFlash draft at all (architecture and required keys)."""
+    info = read_gguf(path)
+    if info.architecture != "dflash":
+        raise IncompatibleModelError(
+            info.path, "general.architecture", info.architecture or None, "'dflash' (a DFlash/DSpark draft)"
+        )
+    for key in _DRAFT_REQUIRED_KEYS:
+        if info.get(key) is None:
+            raise IncompatibleModelError(info.path, key, None, "present (required by the dflash architecture)")
+    return info
+
+
+def _detect_algorithm(draft: GGUFInfo) -> str:
+    return "dspark" if "markov_w1.weight" in draft.tensor_names else "dflash"
+
+
+def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") -> DraftInfo:
+    """Check that `draft` can drive `target`; returns what the engine needs to know about the draft."""
+    validate_target(target)
+    if draft.architecture != "dflash":
+        raise IncompatibleModelError(
+            draft.path, "general.architecture", draft.architecture or None, "'dflash' (a DFlash/DSpark draft)"
+        )
+    for key in _DRAFT_REQUIRED_KEYS:
+        if draft.get(key) is None:
+            raise IncompatibleModelError(draft.path, key, None, "present (required by the dflash architecture)")
+
+    layers = draft.get("dflash.target_layers")
+    if not isinstance(layers, list) or not layers:
+        raise IncompatibleModelError(
+            draft.path, "dflash.target_layers", layers, "a non-empty array of target layer ids"
+        )
+    for lid in layers:
+        if not isinstance(lid, int) or lid < 0 or lid > target.n_layer:
+            raise IncompatibleModelError(
+                draft.path, "dflash.target_layers", layers,
+                f"layer ids within 0..{target.n_layer} (the target {target.basename} has {target.n_layer} layers)",
+            )
+
+    if draft.n_embd != target.n_embd:
+        raise IncompatibleModelError(
+            draft.path, "dflash.embedding_length", draft.n_embd,
+            f"{target.n_embd} (the embedding length of the target {target.basename})",
+        )
+
+    _check_vocab(target, draft)
+
+    mask = draft.get("tokenizer.ggml.mask_token_id")
+    if mask is None:
+        raise IncompatibleModelError(draft.path, "tokenizer.ggml.mask_token_id", None, "a mask token id")
+    if not 0 <= int(mask) < draft.n_vocab:
+        raise IncompatibleModelError(
+            draft.path, "tokenizer.ggml.mask_token_id", mask, f"a token id in 0..{draft.n_vocab - 1}"
+        )
+
+    detected = _detect_algorithm(draft)
+    if algorithm not in ("auto", "dflash", "dspark"):
+        raise ValueError(f"algorithm must be 'auto', 'dflash' or 'dspark', not {algorithm!r}")
+    if algorithm != "auto" and algorithm != detected:
+        what = "has a Markov head (markov_w1.weight)" if detected == "dspark" else "has no Markov head"
+        raise IncompatibleModelError(
+            draft.path, "algorithm", algorithm, f"'{detected}' (the draft {what})"
+        )
+
+    block = draft.get("dflash.block_size")
+    if block is None:
+        if detected == "dspark":
+            raise IncompatibleModelError(draft.path, "dflash.block_size", None, "present (required for DSpark)")
+        block = 16
+    block = int(block)
+    if not 2 <= block <= MAX_BLOCK_SIZE:
+        raise IncompatibleModelError(draft.path, "dflash.block_size", block, f"an integer in 2..{MAX_BLOCK_SIZE}")
+
+    d2t_rows: Optional[int] = None
+    if "d2t" in draft.tensor_names:
+        d2t_rows = -1  # exact size is checked by llama.cpp; we only need to know it is reduced
+
+    has_conf_key = draft.get("dflash.has_confidence_head")
+    return DraftInfo(
+        gguf=draft,
+        algorithm=detected,
+        target_layers=tuple(int(x) for x in layers),
+        block_size=block,
+        mask_token_id=int(mask),
+        causal_attention=bool(draft.get("dflash.attention.causal", False)),
+        sample_from_anchor=bool(draft.get("dflash.sample_from_anchor", True)),
+        has_confidence_head=(
+            bool(has_conf_key) if has_conf_key is not None else "conf_proj.weight" in draft.tensor_names
+        ),
+        has_token_embd="token_embd.weight" in draft.tensor_names,
+        has_output="output.weight" in draft.tensor_names,
+        reduced_vocab=d2t_rows,
+        is_dflash2="selector_hidden.weight" in draft.tensor_names,
+    )
+
+
+def _check_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:
+    if not draft.tokens:
+        raise IncompatibleModelError(draft.path, "tokenizer.ggml.tokens", None, "the target's vocabulary")
+    if draft.n_vocab != target.n_vocab:
+        raise IncompatibleModelError(
+            draft.path, "tokenizer.ggml.tokens (vocabulary size)", draft.n_vocab,
+            f"{target.n_vocab} (the vocabulary size of the target {target.basename})",
+        )
+    if draft.tokens != target.tokens:
+        i = next(i for i, (a, b) in enumerate(zip(draft.tokens, target.tokens)) if a != b)
+        raise IncompatibleModelError(
+            draft.path, f"tokenizer.ggml.tokens[{i}]", draft.tokens[i],
+            f"{target.tokens[i]!r} (token {i} of the target {target.basename})",
+        )

@@ -1,0 +1,218 @@
+"""Draft proposers: turn (last token, position) into a block of draft tokens.
+
+`DFlashProposer` runs a DFlash/DSpark draft GGUF: target-layer features are injected into its
+KV cache after every target decode, and one non-causal decode of `[last, MASK...]` yields a
+whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
+same motions) but replaces its tokens, to drive every accepted length in tests.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from . import _bindings as ext
+from ._llama import BatchExt, Context, Model
+from .config import SpecConfig
+from .errors import LlamaCallError
+from .inspect import DraftInfo
+from .stats import SpecStats
+from .target import TargetContext, default_threads, embd_struct
+
+__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer"]
+
+CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
+
+
+class Proposer(Protocol):
+    """What the generation loop needs from a draft."""
+
+    n_max: int
+
+    def inject(self, features: np.ndarray, pos0: int) -> None: ...
+
+    def propose(self, id_last: int, n_past: int, n: int) -> list[int]: ...
+
+    def rollback(self, n_past: int) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DFlashProposer:
+    """A DFlash or DSpark draft context attached to a target context through `ctx_other`."""
+
+    def __init__(self, info: DraftInfo, spec: SpecConfig, target: TargetContext, stats: SpecStats):
+        self.info = info
+        self.spec = spec
+        self.stats = stats
+        self.target = target
+        self.model = Model(info.path, n_gpu_layers=spec.draft_n_gpu_layers)
+        self.n_max = self._clamp_n_max(spec.draft_n_max)
+        self.n_min = min(spec.draft_n_min, self.n_max)
+        self.p_min = spec.draft_p_min
+        self.mask = info.mask_token_id
+        self.anchor_first = info.anchor_first
+        if info.algorithm == "dspark" and self.p_min > 0 and not info.has_confidence_head:
+            self.model.close()
+            raise ValueError(
+                f"{info.path}: the DSpark draft has no confidence head "
+                "(dflash.has_confidence_head is false); set draft_p_min to 0"
+            )
+
+        params = ll.llama_context_default_params()
+        params.n_ctx = target.n_ctx
+        # a non-causal block must fit in one ubatch
+        n_ub = max(info.block_size, min(512, target.ctx.n_ubatch))
+        params.n_batch = n_ub
+        params.n_ubatch = n_ub
+        params.n_seq_max = 1
+        threads = spec.draft_n_threads or target.config.n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        params.ctx_other = target.ctx.ptr
+        try:
+            self.ctx = Context(self.model, params)
+        except Exception:
+            self.model.close()
+            raise
+        self.batch = BatchExt(self.ctx)
+        self.inject_batch = BatchExt(self.ctx)
+        ll.llama_set_causal_attn(self.ctx.ptr, info.causal_attention)
+        ext.llama_set_embeddings_nextn(self.ctx.ptr, True, not info.is_dflash2)
+        self.n_vocab = self.model.n_vocab
+        self.n_embd = self.model.n_embd
+        self._chunk = n_ub
+
+    def _clamp_n_max(self, n_max: int) -> int:
+        limit = self.info.max_draft_tokens
+        if n_max > limit:
+            warnings.warn(
+                f"draft_n_max={n_max} exceeds what the draft's block (block_size {self.info.block_size}) "
+                f"can yield; clamped to {limit}",
+                stacklevel=3,
+            )
+            return limit
+        return n_max
+
+    def close(self) -> None:
+        for owner in ("inject_batch", "batch", "ctx"):
+            h = getattr(self, owner, None)
+            if h is not None:
+                h.close()
+        self.model.close()
+
+    # ---- the three operations the loop drives -------------------------------------------------
+    def inject(self, features: np.ndarray, pos0: int) -> None:
+        """Write target features for positions pos0.. into the draft KV cache (no outputs)."""
+        t0 = time.perf_counter()
+        b = self.inject_batch
+        n = features.shape[0]
+        for start in range(0, n, self._chunk):
+            b.clear()
+            for i in range(start, min(n, start + self._chunk)):
+                b.add_embd(embd_struct(features, i), pos0 + i)
+            rc = b.process()
+            if rc != 0:
+                raise LlamaCallError(f"draft feature injection at position {pos0 + start} failed (rc {rc})")
+        self.stats.process_seconds += time.perf_counter() - t0
+
+    def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
+        """Draft up to n tokens following id_last (which sits at position n_past)."""
+        n = min(n, self.n_max)
+        if n <= 0:
+            return []
+        t0 = time.perf_counter()
+        b = self.batch
+        b.clear()
+        n_block = n if self.anchor_first else n + 1
+        for i in range(n_block):
+            b.add_token(id_last if i == 0 else self.mask, n_past + i, True)
+        rc = b.process()
+        tokens: list[int] = []
+        try:
+            if rc != 0:
+                raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
+            first = 0 if self.anchor_first else 1
+            conf = None
+            if self.info.algorithm == "dspark" and self.p_min > 0:
+                conf = ext.llama_get_embeddings_nextn(self.ctx.ptr)
+            for i in range(first, n_block):
+                if conf is not None and conf[i * self.n_embd] < self.p_min:
+                    break
+                row = self._logits(i)
+                tok = int(np.argmax(row))
+                if conf is None and self.p_min > 0 and _top1_prob(row, tok) < self.p_min:
+                    break
+                tokens.append(tok)
+        finally:
+            # keep only the injected features: the block's own K/V must not stay in the cache
+            self.ctx.seq_rm(0, n_past, -1)
+        if len(tokens) < self.n_min:
+            tokens = []
+        self.stats.draft_seconds += time.perf_counter() - t0
+        self.stats.draft_steps += 1
+        self.stats.drafted += len(tokens)
+        return tokens
+
+    def rollback(self, n_past: int) -> None:
+        self.ctx.seq_rm(0, n_past, -1)
+
+    def clear(self) -> None:
+        self.ctx.clear()
+
+    def pos_max(self) -> int:
+        return self.ctx.pos_max(0)
+
+    def _logits(self, i: int) -> np.ndarray:
+        ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
+        if not ptr:
+            raise LlamaCallError(f"draft produced no logits for block row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+
+def _top1_prob(row: np.ndarray, top: int) -> float:
+    """Probability of the top token under a softmax over the top CANDIDATES logits."""
+    cand = row[np.argpartition(row, -CANDIDATES)[-CANDIDATES:]]
+    return float(1.0 / np.exp(cand - row[top]).sum())
+
+
+class ScriptedProposer:
+    """Runs the inner proposer (keeping its cache work identical) but proposes scripted tokens.
+
+    `script(n_past, n)` returns the tokens to propose for a block at n_past.
+    """
+
+    def __init__(self, inner: DFlashProposer, script: Callable[[int, int], Sequence[int]]):
+        self.inner = inner
+        self.script = script
+        self.n_max = inner.n_max
+
+    def inject(self, features: np.ndarray, pos0: int) -> None:
+        self.inner.inject(features, pos0)
+
+    def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
+        real = self.inner.propose(id_last, n_past, n)
+        self.inner.stats.drafted -= len(real)
+        tokens = [int(t) for t in self.script(n_past, min(n, self.n_max))][: min(n, self.n_max)]
+        self.inner.stats.drafted += len(tokens)
+        return tokens
+
+    def rollback(self, n_past: int) -> None:
+        self.inner.rollback(n_past)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def pos_max(self) -> int:
+        return self.inner.pos_max()
+
+    def close(self) -> None:
+        self.inner.close()
+

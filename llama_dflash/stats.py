@@ -1,0 +1,113 @@
+"""Counters and timers of one or more generations, as a dataclass that also serialises to a dict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["SpecStats"]
+
+
+@dataclass
+class SpecStats:
+    """What speculative decoding did and what it cost.
+
+    `accepted_per_position[i]` counts steps in which draft slot i was accepted, and
+    `proposed_per_position[i]` the steps in which slot i was drafted at all, so their ratio
+    is the acceptance at that position.
+    """
+
+    algorithm: str = "dflash"
+    draft_n_max: int = 0
+    drafted: int = 0  # tokens proposed by the draft
+    verified: int = 0  # draft tokens sent to the target for verification
+    accepted: int = 0
+    verification_steps: int = 0
+    draft_steps: int = 0
+    rollbacks: int = 0
+    native_rollbacks: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    target_seconds: float = 0.0  # target decode + sync (logits read)
+    draft_seconds: float = 0.0  # draft block decode + candidate read
+    process_seconds: float = 0.0  # target features gathered and injected into the draft
+    sample_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    total_seconds: float = 0.0
+    first_token_seconds: float = 0.0
+    backend_sampling_requested: bool = False
+    backend_sampling_active: bool = False
+    accepted_per_position: list[int] = field(default_factory=list)
+    proposed_per_position: list[int] = field(default_factory=list)
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.verified if self.verified else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens accepted per verification step (the bonus token not counted)."""
+        return self.accepted / self.verification_steps if self.verification_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Wall time of the decode loop not spent in target, draft or injection calls."""
+        loop = self.total_seconds - self.prefill_seconds
+        return max(0.0, loop - self.target_seconds - self.draft_seconds - self.process_seconds)
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+        self.verification_steps += 1
+        self.verified += n_drafted
+        self.accepted += n_accepted
+        if n_drafted:
+            grow = n_drafted - len(self.proposed_per_position)
+            if grow > 0:
+                self.proposed_per_position.extend([0] * grow)
+                self.accepted_per_position.extend([0] * grow)
+            for i in range(n_drafted):
+                self.proposed_per_position[i] += 1
+            for i in range(n_accepted):
+                self.accepted_per_position[i] += 1
+            if n_accepted < n_drafted:
+                self.rollbacks += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        """Add another run's counters to these (for aggregates over several runs)."""
+        for name in (
+            "drafted", "verified", "accepted", "verification_steps", "draft_steps", "rollbacks",
+            "native_rollbacks", "generated_tokens", "prompt_tokens",
+            "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
+            "prefill_seconds", "total_seconds", "first_token_seconds",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in (
+            (self.accepted_per_position, other.accepted_per_position),
+            (self.proposed_per_position, other.proposed_per_position),
+        ):
+            if len(theirs) > len(mine):
+                mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.backend_sampling_requested |= other.backend_sampling_requested
+        self.backend_sampling_active |= other.backend_sampling_active
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_second=self.tokens_per_second,
+            acceptance_per_position=self.acceptance_per_position,
+            overhead_seconds=self.overhead_seconds,
+        )
+        return d

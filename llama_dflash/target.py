@@ -1,0 +1,126 @@
+"""The target model's context: batched decodes, logits rows and layer-input features."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from . import _bindings as ext
+from ._llama import BatchExt, Context, Model
+from .config import TargetConfig
+from .errors import LlamaCallError
+
+__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct"]
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class TargetContext:
+    """One sequence (seq_id 0) on a target model, with optional layer-input extraction.
+
+    Owns its context and batch; shares the Model with whoever passed it in.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        config: TargetConfig,
+        extract_layers: Sequence[int] = (),
+        n_rs_seq: int = 0,
+        n_outputs_max_per_seq: int = 0,
+    ):
+        self.model = model
+        self.config = config
+        params = ll.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_ubatch
+        params.n_seq_max = 1
+        params.n_rs_seq = n_rs_seq
+        params.n_outputs_max_per_seq = n_outputs_max_per_seq
+        threads = config.n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        self.ctx = Context(model, params)
+        self.batch = BatchExt(self.ctx)
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd
+        self.extract_layers = tuple(int(x) for x in extract_layers)
+        for lid in self.extract_layers:
+            ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, True)
+        self._n_rows = 0  # rows of the last decode
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], pos0: int, logits: str = "last") -> None:
+        """Decode `tokens` at positions pos0.. in one llama_process call.
+
+        logits: "none", "last" or "all" rows.  Raises LlamaCallError if llama.cpp refuses.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n > self.ctx.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch {self.ctx.n_batch}")
+        b = self.batch
+        b.clear()
+        want_all = logits == "all"
+        for i, tok in enumerate(tokens):
+            b.add_token(tok, pos0 + i, want_all or (logits == "last" and i == n - 1))
+        rc = b.process()
+        if rc != 0:
+            raise LlamaCallError(f"target decode of {n} tokens at position {pos0} failed (llama_process returned {rc})")
+        self._n_rows = n
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """A zero-copy view of the logits of batch row i of the last decode."""
+        ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
+        if not ptr:
+            raise LlamaCallError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def layer_features(self, n_rows: int | None = None) -> np.ndarray:
+        """Inputs of the extracted layers for the first n_rows (default all) rows of the last
+        decode: a new [rows, n_layers*n_embd] float32 array."""
+        n, e = self._n_rows if n_rows is None else min(n_rows, self._n_rows), self.n_embd
+        out = np.empty((n, len(self.extract_layers) * e), dtype=np.float32)
+        for k, lid in enumerate(self.extract_layers):
+            ptr = ext.llama_get_embeddings_layer_inp(self.ctx.ptr, lid)
+            if not ptr:
+                raise LlamaCallError(f"target layer {lid} input was not extracted")
+            out[:, k * e : (k + 1) * e] = np.ctypeslib.as_array(ptr, shape=(n, e))
+        return out
+
+    def seq_rm(self, p0: int) -> bool:
+        return self.ctx.seq_rm(0, p0, -1)
+
+    def pos_max(self) -> int:
+        return self.ctx.pos_max(0)
+
+    def clear(self) -> None:
+        self.ctx.clear()
+
+
+def ctypes_float_ptr(arr: np.ndarray, row: int) -> "ctypes._Pointer[ctypes.c_float]":
+    """Pointer to row `row` of a C-contiguous float32 2-D array."""
+    base = arr.ctypes.data + row * arr.strides[0]
+    return ctypes.cast(base, ctypes.POINTER(ctypes.c_float))
+
+
+def embd_struct(arr: np.ndarray, row: int) -> "ll.llama_embd":
+    return ll.llama_embd(ctypes_float_ptr(arr, row), 1, arr.shape[1])
+
