@@ -126,12 +126,15 @@ class Model(_Handle):
 
     close_order = 2
 
-    def __init__(self, path: str, n_gpu_layers: int = -1, use_mmap: bool = True):
+    def __init__(self, path: str, n_gpu_layers: int = -1, repack: Optional[bool] = None):
         super().__init__()
         ensure_backend()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        params.use_mmap = use_mmap
+        # llama.cpp's AMX weight repacking crashes batched decodes of Q4_1 models (seen with
+        # SmolLM2 on Xeon CPUs with AMX), so the default turns it off where AMX is present
+        self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
+        params.use_extra_bufts = self.repack
         ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")
@@ -259,6 +262,21 @@ class BatchExt(_Handle):
     def process(self) -> int:
         """Decode the batch on its context; returns llama.cpp's status code."""
         return int(ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, self._ptr))
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU advertises AMX tiles (Linux only; elsewhere False)."""
+    global _amx
+    if _amx is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                _amx = any(line.startswith("flags") and " amx_tile" in line for line in fh)
+        except OSError:
+            _amx = False
+    return _amx
+
+
+_amx: Optional[bool] = None
 
 
 def llama_cpp_version() -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 __all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS"]
@@ -72,7 +72,7 @@ class TargetConfig:
     n_gpu_layers: int = -1
     seed: int = 0
     verbose: bool = False
-    extra: dict = field(default_factory=dict)
+    repack: Optional[bool] = None  # llama.cpp CPU weight repacking; None: off on AMX CPUs (crashes there)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):

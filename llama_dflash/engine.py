@@ -7,7 +7,7 @@ from typing import Iterator, Optional, Sequence
 from . import _bindings as ext
 from ._llama import Model, set_verbose
 from .config import SpecConfig, TargetConfig
-from .generate import GenerationState, ordinary_generate, speculative_generate
+from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
 from .inspect import DraftInfo, GGUFInfo, read_gguf, validate_pair, validate_target
 from .proposer import DFlashProposer, Proposer
 from .sampling import Sampler, SamplingParams
@@ -64,7 +64,7 @@ class _Decoder:
 def _load_target_model(config: TargetConfig, model: Optional[Model]) -> tuple[Model, bool]:
     if model is not None:
         return model, False
-    return Model(config.model, n_gpu_layers=config.n_gpu_layers), True
+    return Model(config.model, n_gpu_layers=config.n_gpu_layers, repack=config.repack), True
 
 
 class OrdinaryDecoding(_Decoder):
@@ -167,17 +167,20 @@ class LlamaDFlashDecoding(_Decoder):
         self.proposer = proposer
 
     def stream(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
-               *, ignore_eos: bool = False, state: Optional[GenerationState] = None) -> Iterator[int]:
+               *, ignore_eos: bool = False, state: Optional[GenerationState] = None,
+               controller: Optional[DraftController] = None) -> Iterator[int]:
         """Yield generated tokens one by one; statistics land in `self.last_stats`."""
         if self.proposer is None:
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
         self._dflash.stats = stats
         return speculative_generate(self.target, self.proposer, list(prompt), max_tokens,
-                                    self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats)
+                                    self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
+                                    controller=controller)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
-                 *, ignore_eos: bool = False) -> GenerationResult:
+                 *, ignore_eos: bool = False, controller: Optional[DraftController] = None) -> GenerationResult:
         state = GenerationState()
-        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state))
+        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state,
+                                  controller=controller))
         return GenerationResult(tokens, state.finish_reason, self.last_stats)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -20,7 +20,21 @@ from .sampling import Sampler
 from .stats import SpecStats
 from .target import TargetContext
 
-__all__ = ["GenerationState", "prefill", "ordinary_generate", "speculative_generate", "check_prompt"]
+__all__ = [
+    "GenerationState", "DraftController", "prefill", "ordinary_generate", "speculative_generate", "check_prompt",
+]
+
+
+class DraftController(Protocol):
+    """Chooses the draft length of each step from what it has observed (see `adaptive`)."""
+
+    def choose(self, n_limit: int) -> int:
+        """Draft length for the next step, in 0..n_limit (0: decode ordinarily)."""
+        ...
+
+    def observe(self, n_draft: int, n_accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """What the step that drafted n_draft tokens cost and earned."""
+        ...
 
 
 @dataclass
@@ -117,7 +131,7 @@ def speculative_generate(
     ignore_eos: bool = False,
     state: Optional[GenerationState] = None,
     stats: Optional[SpecStats] = None,
-    choose_n_draft: Optional[Callable[[int], int]] = None,
+    controller: Optional[DraftController] = None,
 ) -> Iterator[int]:
     """Draft a block, verify it in one target batch, keep the agreeing prefix plus one target token."""
     state = state if state is not None else GenerationState()
@@ -142,10 +156,14 @@ def speculative_generate(
                 state.finish_reason = "length"
                 return
             n_draft = min(proposer.n_max, room, max_tokens - consumed - 1)
-            if choose_n_draft is not None:
-                n_draft = min(n_draft, choose_n_draft(n_draft))
+            if controller is not None and n_draft > 0:
+                n_draft = max(0, min(n_draft, controller.choose(n_draft)))
+            t0 = time.perf_counter()
             draft = proposer.propose(id_last, n_past, n_draft) if n_draft > 0 else []
+            t1 = time.perf_counter()
             ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats)
+            if controller is not None:
+                controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
             n_past += len(ids)
             state.n_past = n_past
             _rollback(target, proposer, n_past)

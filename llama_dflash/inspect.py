@@ -6,7 +6,9 @@ llama.cpp abort the whole process (GGML_ASSERT), so they must be caught in Pytho
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -114,28 +116,93 @@ class DraftInfo:
         return self.block_size if self.anchor_first else self.block_size - 1
 
 
-def _field_value(field: Any) -> Any:
-    from gguf import GGUFValueType
+# GGUF value type ids (gguf spec)
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
 
-    types = list(field.types)
-    if not types:
-        return None
 
-    def scalar(part: Any, vtype: Any) -> Any:
-        if vtype == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8", errors="replace")
-        value = part[0]
-        if vtype == GGUFValueType.BOOL:
-            return bool(value)
-        if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-            return float(value)
-        return int(value)
+class _Cursor:
+    """Sequential little-endian reads over a memory-mapped GGUF header."""
 
-    if types[0] == GGUFValueType.ARRAY:
-        if len(types) < 2:
-            return []
-        return [scalar(field.parts[i], types[1]) for i in field.data]
-    return scalar(field.parts[field.data[0]], types[0])
+    def __init__(self, buf: "mmap.mmap", path: str):
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise GGUFFileError(self.path, "is truncated (header ends early)")
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise GGUFFileError(self.path, "is truncated (string runs past the end)")
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def skip_string(self) -> None:
+        n = self.take("<Q")
+        self.pos += n
+
+    def value(self, vtype: int, keep: bool = True) -> Any:
+        if vtype == _STRING:
+            if keep:
+                return self.string()
+            self.skip_string()
+            return None
+        if vtype == _ARRAY:
+            item_type = self.take("<I")
+            n = self.take("<Q")
+            if item_type == _STRING:
+                if keep:
+                    return [self.string() for _ in range(n)]
+                for _ in range(n):
+                    self.skip_string()
+                return None
+            fmt = _SCALAR_FORMATS.get(item_type)
+            if fmt is None:
+                raise GGUFFileError(self.path, f"has an array of unknown GGUF type {item_type}")
+            size = struct.calcsize(fmt)
+            if not keep or n > 4096:  # large numeric arrays (scores, token types) are not needed
+                self.pos += size * n
+                return None
+            values = list(struct.unpack_from(f"<{n}{fmt[1:]}", self.buf, self.pos))
+            self.pos += size * n
+            return values
+        fmt = _SCALAR_FORMATS.get(vtype)
+        if fmt is None:
+            raise GGUFFileError(self.path, f"has a value of unknown GGUF type {vtype}")
+        return self.take(fmt)
+
+
+def _parse_header(path: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """Metadata keys and tensor types of a GGUF file, without touching tensor data."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, path)
+        cur.take("<I")  # magic, checked by the caller
+        version = cur.take("<I")
+        if version not in (2, 3):
+            raise GGUFFileError(path, f"has GGUF version {version}, expected 2 or 3")
+        n_tensors = cur.take("<Q")
+        n_kv = cur.take("<Q")
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            vtype = cur.take("<I")
+            meta[key] = cur.value(vtype, keep=key != "tokenizer.ggml.merges")
+        tensors: dict[str, int] = {}
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.take("<I")
+            cur.pos += 8 * n_dims
+            tensors[name] = cur.take("<I")
+            cur.take("<Q")
+        return meta, tensors
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -153,23 +220,12 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     if magic != b"GGUF":
         raise GGUFFileError(path, f"is not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # the gguf package raises a variety of errors on truncated files
+        meta, tensor_types = _parse_header(path)
+    except GGUFFileError:
+        raise
+    except (ValueError, OSError, struct.error, MemoryError) as exc:
         raise GGUFFileError(path, f"is not a readable GGUF file ({exc})") from exc
-
-    meta: dict[str, Any] = {}
-    for name, fld in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            meta[name] = _field_value(fld)
-        except Exception:  # noqa: BLE001 - an odd field must not hide the others
-            meta[name] = None
     arch = str(meta.get("general.architecture") or "")
-    tensor_types = {t.name: int(t.tensor_type) for t in reader.tensors}
-    del reader
     return GGUFInfo(
         path=path,
         architecture=arch,
@@ -273,6 +329,7 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
             f"{target.n_embd} (the embedding length of the target {target.basename})",
         )
 
+    _check_attention_shape(draft)
     _check_vocab(target, draft)
 
     mask = draft.get("tokenizer.ggml.mask_token_id")
@@ -322,6 +379,23 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
         reduced_vocab=d2t_rows,
         is_dflash2="selector_hidden.weight" in draft.tensor_names,
     )
+
+
+def _check_attention_shape(draft: GGUFInfo) -> None:
+    """Head counts llama.cpp would otherwise assert on while building the draft graph."""
+    n_head = draft.get("dflash.attention.head_count")
+    n_kv = draft.get("dflash.attention.head_count_kv", n_head)
+    if not isinstance(n_head, int) or n_head <= 0:
+        raise IncompatibleModelError(draft.path, "dflash.attention.head_count", n_head, "a positive integer")
+    if not isinstance(n_kv, int) or n_kv <= 0 or n_head % n_kv:
+        raise IncompatibleModelError(
+            draft.path, "dflash.attention.head_count_kv", n_kv, f"a positive divisor of head_count ({n_head})"
+        )
+    key_len = draft.get("dflash.attention.key_length")
+    if key_len is None and draft.n_embd % n_head:
+        raise IncompatibleModelError(
+            draft.path, "dflash.attention.head_count", n_head, f"a divisor of embedding_length ({draft.n_embd})"
+        )
 
 
 def _check_vocab(target: GGUFInfo, draft: GGUFInfo) -> None:

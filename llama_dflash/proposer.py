@@ -52,7 +52,7 @@ class DFlashProposer:
         self.spec = spec
         self.stats = stats
         self.target = target
-        self.model = Model(info.path, n_gpu_layers=spec.draft_n_gpu_layers)
+        self.model = Model(info.path, n_gpu_layers=spec.draft_n_gpu_layers, repack=target.model.repack)
         self.n_max = self._clamp_n_max(spec.draft_n_max)
         self.n_min = min(spec.draft_n_min, self.n_max)
         self.p_min = spec.draft_p_min

@@ -212,7 +212,7 @@ def write_random_draft(
         n_embd=target.n_embd,
         n_layer=n_layer,
         n_head=n_head,
-        n_head_kv=max(1, n_head // 2),
+        n_head_kv=_pick_kv_heads(n_head),
         block_size=block_size,
         target_layers=list(target_layers) if target_layers is not None else evenly_spread_layers(target.n_layer),
         markov_rank=markov_rank,
@@ -230,6 +230,11 @@ def _pick_heads(n_embd: int) -> int:
         if n_embd % h == 0 and (n_embd // h) % 2 == 0 and n_embd // h >= 8:
             return h
     return 1
+
+
+def _pick_kv_heads(n_head: int) -> int:
+    """The largest proper divisor of n_head (grouped-query attention needs n_head % n_kv == 0)."""
+    return next((k for k in range(n_head // 2, 0, -1) if n_head % k == 0), 1)
 
 
 def _default_mask(target) -> int:
