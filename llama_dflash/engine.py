@@ -135,10 +135,19 @@ class LlamaDFlashDecoding(_Decoder):
     def draft_n_max(self) -> int:
         return self._dflash.n_max
 
+    def set_draft_n_max(self, n: int) -> int:
+        """Change the draft length of later generations (clamped to the block); returns it."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"draft_n_max must be an integer >= 1, not {n!r}")
+        self._dflash.n_max = self._dflash._clamp_n_max(n)
+        self._dflash.n_min = min(self.spec.draft_n_min, self._dflash.n_max)
+        return self._dflash.n_max
+
     def _new_stats(self) -> SpecStats:
         return SpecStats(
             algorithm=self.algorithm,
-            draft_n_max=min(self.spec.draft_n_max, self.draft_info.max_draft_tokens),
+            draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else min(
+                self.spec.draft_n_max, self.draft_info.max_draft_tokens),
             backend_sampling_requested=self.spec.backend_sampling,
             backend_sampling_active=False,
         )
