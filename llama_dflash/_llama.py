@@ -26,8 +26,8 @@ _verbose = False
 _messages: deque[tuple[int, str]] = deque(maxlen=200)
 _open: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
 
-_LEVEL_WARN = 2
-_LEVEL_ERROR = 3
+_LEVEL_WARN = 3  # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_LEVEL_ERROR = 4
 _LEVEL_CONT = 5
 _last_level = 0
 

@@ -17,6 +17,7 @@ from ..inspect import read_gguf
 from ..sampling import SamplingParams
 from .format import format_result
 from .runner import BenchConfig, run_benchmark
+from .workloads import WORKLOADS, load_prompt_file, workload_prompts
 
 __all__ = ["configure", "run", "DEFAULT_PROMPT", "chat_wrap"]
 
@@ -51,10 +52,31 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--n-ubatch", type=int, default=512)
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--n-gpu-layers", type=int, default=-1)
+    w = p.add_argument_group("sweeps and workloads")
+    w.add_argument("--sweep-draft-tokens", type=_int_list, metavar="K,K,...",
+                   help="compare these draft lengths (e.g. 1,2,3,4,5,6,7,8)")
+    w.add_argument("--sweep-max-tokens", type=_int_list, metavar="N,N,...",
+                   help="compare these generation lengths (e.g. 512,1024,2048)")
+    w.add_argument("--workload", choices=(*WORKLOADS, "all"), help="built-in prompt set(s) instead of --prompt")
+    w.add_argument("--prompt-file", metavar="PATH", help="prompts: one per line, or JSONL with \"prompt\"")
+    w.add_argument("--cpp-reference", metavar="BINARY",
+                   help="also run llama.cpp's llama-speculative-simple on the same pair and settings")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    o.add_argument("--report", metavar="PATH.md", help="write the community feedback template, filled in")
+    o.add_argument("--plot", metavar="PATH.png", help="plot throughput/acceptance vs draft length (sweeps)")
     o.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     o.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
 
 
 def chat_wrap(model_path: str, prompt: str) -> str:
@@ -77,38 +99,200 @@ def _resolve_models(args: argparse.Namespace) -> tuple[str, str]:
     return model, draft
 
 
-def _check_output_path(path: str) -> None:
+def _check_output_path(path: str, flag: str = "--json") -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise ValueError(f"--json {path}: directory {parent} does not exist")
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
     if os.path.isdir(path):
-        raise ValueError(f"--json {path}: is a directory")
+        raise ValueError(f"{flag} {path}: is a directory")
 
 
-def build_config(args: argparse.Namespace) -> BenchConfig:
-    if args.json:
-        _check_output_path(args.json)
+def _is_sweep(args: argparse.Namespace) -> bool:
+    return bool(args.sweep_draft_tokens or args.sweep_max_tokens or args.workload or args.prompt_file)
+
+
+def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
     model, draft = _resolve_models(args)
     target = TargetConfig(model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                           n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
     spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_tokens,
                       draft_n_min=args.draft_n_min, draft_p_min=args.draft_p_min,
                       backend_sampling=not args.no_backend_sampling)
-    prompt = args.prompt if args.raw_prompt else chat_wrap(model, args.prompt)
+    return target, spec
+
+
+def _wrap(args: argparse.Namespace, model: str, prompt: str) -> str:
+    return prompt if args.raw_prompt else chat_wrap(model, prompt)
+
+
+def build_config(args: argparse.Namespace) -> BenchConfig:
+    target, spec = _configs(args)
+    prompt = _wrap(args, target.model, args.prompt)
     return BenchConfig(target, spec, prompt, max_tokens=args.max_tokens, warmup_tokens=args.warmup_tokens,
                        runs=args.runs, ignore_eos=args.ignore_eos,
                        sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
 
 
+def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
+    from .sweep import SweepConfig
+
+    target, spec = _configs(args)
+    if args.prompt_file:
+        workloads = {os.path.basename(args.prompt_file): load_prompt_file(args.prompt_file)}
+    elif args.workload == "all":
+        workloads = {name: workload_prompts(name) for name in WORKLOADS}
+    elif args.workload:
+        workloads = {args.workload: workload_prompts(args.workload)}
+    else:
+        workloads = {"prompt": [args.prompt]}
+    workloads = {k: [_wrap(args, target.model, p) for p in v] for k, v in workloads.items()}
+    return SweepConfig(target, spec, workloads,
+                       draft_tokens=args.sweep_draft_tokens or [args.draft_tokens],
+                       max_tokens=args.sweep_max_tokens or [args.max_tokens],
+                       runs=args.runs, warmup_tokens=args.warmup_tokens, ignore_eos=args.ignore_eos,
+                       sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
+
+
+def _progress_bar(args: argparse.Namespace, total: int):
+    """A tqdm bar on stderr for interactive runs; None with --quiet or when stderr is not a terminal."""
+    if args.quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, file=sys.stderr, unit="gen", leave=False, dynamic_ncols=True)
+
+
+def _validate_outputs(args: argparse.Namespace) -> None:
+    for flag in ("json", "report", "plot"):
+        path = getattr(args, flag)
+        if path:
+            _check_output_path(path, f"--{flag}")
+    if args.plot and not _is_sweep(args):
+        raise ValueError("--plot draws a sweep: add --sweep-draft-tokens (e.g. 1,2,4,8)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'llama-dflash[plot]'") from None
+
+
+def _cpp_block(args: argparse.Namespace, target: TargetConfig, spec: SpecConfig, prompt: str,
+               max_tokens: int, draft_n_max: int, our_tps: float) -> tuple[str, dict]:
+    from .._llama import cpu_has_amx
+    from .cpp_reference import run_cpp_reference
+
+    cpp = run_cpp_reference(args.cpp_reference, target.model, spec.draft_model, prompt, n_predict=max_tokens,
+                            draft_n_max=draft_n_max, draft_p_min=spec.draft_p_min, n_ctx=target.n_ctx,
+                            n_batch=target.n_batch, n_ubatch=target.n_ubatch, threads=target.n_threads,
+                            repack=not cpu_has_amx() if target.repack is None else target.repack)
+    ratio = our_tps / cpp.tokens_per_second if cpp.tokens_per_second else 0.0
+    text = "\n".join([
+        "[llama.cpp C++ driver: llama-speculative-simple]",
+        f"  decoded             : {cpp.decoded_tokens} tokens / {cpp.seconds:.3f} s = {cpp.tokens_per_second:.2f} token/s",
+        f"  draft accepted      : {cpp.n_accept} / {cpp.n_drafted} ({100 * cpp.acceptance_rate:.1f}%)",
+        f"  ours / C++          : {ratio:.3f}x",
+    ])
+    return text, {**cpp.__dict__, "acceptance_rate": cpp.acceptance_rate, "ours_over_cpp": ratio}
+
+
 def run(args: argparse.Namespace) -> int:
+    _validate_outputs(args)
+    return _run_sweep(args) if _is_sweep(args) else _run_single(args)
+
+
+def _run_single(args: argparse.Namespace) -> int:
+    from .report import feedback_fields, render_report
+
     cfg = build_config(args)
-    show = not args.quiet and sys.stderr.isatty()
-    progress = (lambda msg: sys.stderr.write(f"\r\033[K{msg}")) if show else None
-    result = run_benchmark(cfg, progress)
-    if show:
-        sys.stderr.write("\r\033[K")
-    print(format_result(result))
+    bar = _progress_bar(args, 2 * cfg.runs + (2 if cfg.warmup_tokens else 0))
+    try:
+        result = run_benchmark(cfg, (lambda _msg: bar.update(1)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = format_result(result)
+    data = result.to_dict()
+    if args.cpp_reference:
+        text, data["cpp_reference"] = _cpp_block(args, cfg.target, cfg.spec, cfg.prompt, cfg.max_tokens,
+                                                 result.draft_n_max, result.speculative.aggregate_tokens_per_second)
+        summary += "\n\n" + text
+    print(summary)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result.to_dict(), fh, indent=2)
+        _write(args.json, json.dumps(data, indent=2))
+    if args.report:
+        s = result.speculative
+        fields = feedback_fields(
+            model=cfg.target.model, draft_model=cfg.spec.draft_model, algorithm=result.algorithm,
+            n_ctx=cfg.target.n_ctx, n_batch=cfg.target.n_batch, n_ubatch=cfg.target.n_ubatch,
+            draft_n_max=result.draft_n_max, draft_p_min=cfg.spec.draft_p_min,
+            backend_sampling=cfg.spec.backend_sampling, ignore_eos=cfg.ignore_eos,
+            workload=f"single prompt: {args.prompt!r}", generated_tokens=sum(r.tokens for r in s.runs),
+            ordinary_tps=result.ordinary.aggregate_tokens_per_second,
+            speculative_tps=s.aggregate_tokens_per_second, stats=s.stats,
+            deterministic=result.runs_deterministic, first_divergence=result.first_divergence,
+            warnings=result.warnings,
+        )
+        _write(args.report, render_report([("Run", fields)], summary))
     return 0
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from .report import feedback_fields, render_report
+    from .sweep import format_sweep, run_sweep, sweep_steps
+
+    cfg = build_sweep_config(args)
+    bar = _progress_bar(args, sweep_steps(cfg))
+    try:
+        result = run_sweep(cfg, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = format_sweep(result)
+    data = result.to_dict()
+    first = result.cells[0]
+    best = first.best_draft_tokens or max(first.speculative,
+                                          key=lambda k: first.speculative[k].aggregate_tokens_per_second)
+    if args.cpp_reference:
+        text, data["cpp_reference"] = _cpp_block(
+            args, cfg.target, cfg.spec, next(iter(cfg.workloads.values()))[0], first.max_tokens, best,
+            first.speculative[best].aggregate_tokens_per_second)
+        summary += "\n\n" + text + "\n  (first prompt of the first workload only; ours over the whole workload)"
+    print(summary)
+    if args.json:
+        _write(args.json, json.dumps(data, indent=2))
+    if args.plot:
+        from .plot import plot_sweep
+
+        plot_sweep(result, args.plot)
+    if args.report:
+        sections = []
+        for cell in result.cells:
+            k = cell.best_draft_tokens or max(cell.speculative,
+                                              key=lambda k: cell.speculative[k].aggregate_tokens_per_second)
+            m = cell.speculative[k]
+            from .runner import first_divergence
+
+            verdict = "best draft length" if cell.best_draft_tokens else "fastest draft length (ordinary was faster)"
+            sections.append((f"Workload {cell.workload}, {cell.max_tokens} tokens, {verdict} {k}",
+                             feedback_fields(
+                model=cfg.target.model, draft_model=cfg.spec.draft_model, algorithm=result.algorithm,
+                n_ctx=cfg.target.n_ctx, n_batch=cfg.target.n_batch, n_ubatch=cfg.target.n_ubatch,
+                draft_n_max=k, draft_p_min=cfg.spec.draft_p_min, backend_sampling=cfg.spec.backend_sampling,
+                ignore_eos=cfg.ignore_eos,
+                workload=f"{cell.workload} ({len(cfg.workloads[cell.workload])} prompts)",
+                generated_tokens=sum(r.tokens for r in m.runs),
+                ordinary_tps=cell.ordinary.aggregate_tokens_per_second,
+                speculative_tps=m.aggregate_tokens_per_second, stats=m.stats,
+                deterministic=cell.ordinary.deterministic and m.deterministic,
+                first_divergence=first_divergence(cell.ordinary.runs[0].output_tokens, m.runs[0].output_tokens),
+                warnings=result.warnings,
+            )))
+        _write(args.report, render_report(sections, summary))
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)

@@ -1,0 +1,169 @@
+"""The community feedback template, filled in from facts this program can know.
+
+Nothing is made up: a field we cannot determine says "unknown".
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any, Optional
+
+from ..inspect import read_gguf
+from ..stats import SpecStats
+
+__all__ = ["system_facts", "feedback_fields", "render_report", "parse_report", "TEMPLATE_FIELDS"]
+
+UNKNOWN = "unknown"
+
+#: Field labels in the order of the feedback template.
+TEMPLATE_FIELDS = [
+    "llama-cpp-python version or commit", "Operating system", "Python version", "Backend", "GPU",
+    "GPU memory", "Target model", "Target quantization", "Draft model", "Algorithm",
+    "n_ctx", "n_batch", "n_ubatch", "draft_n_max", "draft_p_min", "backend sampling enabled", "ignore_eos",
+    "Prompt or workload type", "Generated token count", "Ordinary throughput", "Speculative throughput",
+    "Speedup",
+    "Draft tokens proposed", "Draft tokens accepted", "Acceptance rate", "Verification steps",
+    "Rollback count", "Target decode/sync time", "Draft time", "Process time",
+    "Checkpoint capture/restore time",
+    "Outputs deterministic across repeated runs", "First divergence from ordinary decoding",
+    "Errors or warnings",
+]
+
+
+def _gpu_facts() -> tuple[str, str, str]:
+    """(backend, gpu name, gpu memory) from llama.cpp's device list, when it can tell."""
+    try:
+        from llama_cpp import llama_cpp as ll
+
+        info = ll.llama_print_system_info().decode("utf-8", errors="replace")
+    except Exception:  # noqa: BLE001
+        return UNKNOWN, UNKNOWN, UNKNOWN
+    backend = "CPU"
+    for name in ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL"):
+        if f"{name} : " in info or f"{name.upper()} = 1" in info:
+            backend = name
+    gpu, mem = ("none", "none") if backend == "CPU" else (UNKNOWN, UNKNOWN)
+    try:
+        from llama_cpp import llama_cpp as ll  # ggml device enumeration, when bound
+
+        n = ll.ggml_backend_dev_count() if hasattr(ll, "ggml_backend_dev_count") else 0
+        for i in range(n):
+            dev = ll.ggml_backend_dev_get(i)
+            if ll.ggml_backend_dev_type(dev) != 0:  # not the CPU device
+                gpu = ll.ggml_backend_dev_description(dev).decode()
+                free, total = __import__("ctypes").c_size_t(), __import__("ctypes").c_size_t()
+                ll.ggml_backend_dev_memory(dev, free, total)
+                mem = f"{total.value / 2**30:.1f} GiB"
+                break
+    except Exception:  # noqa: BLE001 - the device API is optional
+        pass
+    return backend, gpu, mem
+
+
+def system_facts() -> dict[str, str]:
+    import llama_cpp
+
+    backend, gpu, mem = _gpu_facts()
+    return {
+        "llama-cpp-python version or commit": str(getattr(llama_cpp, "__version__", UNKNOWN)),
+        "Operating system": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "Python version": sys.version.split()[0],
+        "Backend": backend,
+        "GPU": gpu,
+        "GPU memory": mem,
+    }
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.3f} s"
+
+
+def feedback_fields(
+    *,
+    model: str,
+    draft_model: str,
+    algorithm: str,
+    n_ctx: int,
+    n_batch: int,
+    n_ubatch: int,
+    draft_n_max: Any,
+    draft_p_min: float,
+    backend_sampling: bool,
+    ignore_eos: bool,
+    workload: str,
+    generated_tokens: int,
+    ordinary_tps: float,
+    speculative_tps: float,
+    stats: Optional[SpecStats],
+    deterministic: Optional[bool],
+    first_divergence: Optional[int],
+    warnings: list[str],
+) -> dict[str, str]:
+    """Every template field, as text."""
+    t = read_gguf(model)
+    d = read_gguf(draft_model)
+    f = system_facts()
+    f.update({
+        "Target model": os.path.basename(model),
+        "Target quantization": t.file_type or UNKNOWN,
+        "Draft model": f"{os.path.basename(draft_model)} ({d.file_type})",
+        "Algorithm": {"dflash": "DFlash", "dspark": "DSpark"}.get(algorithm, algorithm),
+        "n_ctx": str(n_ctx),
+        "n_batch": str(n_batch),
+        "n_ubatch": str(n_ubatch),
+        "draft_n_max": str(draft_n_max),
+        "draft_p_min": f"{draft_p_min:g}",
+        "backend sampling enabled": (
+            f"{backend_sampling} (active: {stats.backend_sampling_active})" if stats else str(backend_sampling)
+        ),
+        "ignore_eos": str(ignore_eos),
+        "Prompt or workload type": workload,
+        "Generated token count": str(generated_tokens),
+        "Ordinary throughput": f"{ordinary_tps:.2f} token/s",
+        "Speculative throughput": f"{speculative_tps:.2f} token/s",
+        "Speedup": f"{speculative_tps / ordinary_tps:.3f}x" if ordinary_tps else UNKNOWN,
+    })
+    if stats is not None:
+        ckpt = getattr(stats, "checkpoint_seconds", None)
+        f.update({
+            "Draft tokens proposed": str(stats.drafted),
+            "Draft tokens accepted": str(stats.accepted),
+            "Acceptance rate": f"{100 * stats.acceptance_rate:.1f}%",
+            "Verification steps": str(stats.verification_steps),
+            "Rollback count": f"{stats.rollbacks} (native: {stats.native_rollbacks})",
+            "Target decode/sync time": _fmt_s(stats.target_seconds),
+            "Draft time": _fmt_s(stats.draft_seconds),
+            "Process time": _fmt_s(stats.process_seconds),
+            "Checkpoint capture/restore time": _fmt_s(ckpt) if ckpt is not None else "none (no checkpoints taken)",
+        })
+    f["Outputs deterministic across repeated runs"] = UNKNOWN if deterministic is None else str(deterministic)
+    f["First divergence from ordinary decoding"] = (
+        "none (outputs identical)" if first_divergence is None else f"generated token {first_divergence}"
+    )
+    f["Errors or warnings"] = "; ".join(w.replace("\n", " ") for w in warnings[:10]) or "none"
+    return {k: f.get(k, UNKNOWN) for k in TEMPLATE_FIELDS}
+
+
+def render_report(sections: list[tuple[str, dict[str, str]]], summary: str) -> str:
+    """Markdown: one filled template per section, then the printed summary."""
+    out = ["# DFlash/DSpark speculative decoding feedback", ""]
+    for title, fields in sections:
+        out += [f"## {title}", ""]
+        out += [f"{k}: {v}" for k, v in fields.items()]
+        out.append("")
+    out += ["## Full summary", "", "```", summary, "```", ""]
+    return "\n".join(out)
+
+
+def parse_report(text: str) -> list[dict[str, str]]:
+    """The fields of every section of a report written by render_report (for tests and tools)."""
+    sections: list[dict[str, str]] = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            sections.append({})
+        elif sections and ": " in line and line.split(": ", 1)[0] in TEMPLATE_FIELDS:
+            k, v = line.split(": ", 1)
+            sections[-1][k] = v
+    return [s for s in sections if s]
