@@ -169,6 +169,8 @@ def _validate_outputs(args: argparse.Namespace) -> None:
         path = getattr(args, flag)
         if path:
             _check_output_path(path, f"--{flag}")
+    if args.cpp_reference and not (os.path.isfile(args.cpp_reference) and os.access(args.cpp_reference, os.X_OK)):
+        raise ValueError(f"--cpp-reference {args.cpp_reference}: not an executable file")
     if args.plot and not _is_sweep(args):
         raise ValueError("--plot draws a sweep: add --sweep-draft-tokens (e.g. 1,2,4,8)")
     if args.plot:
