@@ -63,10 +63,16 @@ def evenly_spread_layers(n_target_layers: int, n: int = 3) -> list[int]:
 
 
 def random_draft_weights(
-    shape: DraftShape, n_vocab: int, *, seed: int = 0, with_embeddings: bool = False, scale: float = 0.05
+    shape: DraftShape, n_vocab: int, *, seed: int = 0, with_embeddings: bool = False, scale: float = 0.05,
+    n_vocab_draft: Optional[int] = None,
 ) -> dict[str, np.ndarray]:
-    """Random weights in numpy layout (rows = output features) for every draft tensor."""
+    """Random weights in numpy layout (rows = output features) for every draft tensor.
+
+    n_vocab_draft (reduced-vocabulary drafts, see `d2t`): rows of the draft's own LM head
+    (`output.weight`, always written then) and of `markov_w2`; token_embd keeps n_vocab rows.
+    """
     rng = np.random.default_rng(seed)
+    n_head_rows = n_vocab if n_vocab_draft is None else int(n_vocab_draft)
     e, hd = shape.n_embd, shape.head_dim
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -95,10 +101,13 @@ def random_draft_weights(
         w[p + "ffn_down.weight"] = mat(e, shape.ff)
     if with_embeddings:
         w["token_embd.weight"] = mat(n_vocab, e) * 20
-        w["output.weight"] = mat(n_vocab, e) * 20
+    if with_embeddings or n_vocab_draft is not None:
+        # llama.cpp falls back to token_embd as the head only for full-vocabulary drafts
+        w["output.weight"] = mat(n_head_rows, e) * 20
     if shape.markov_rank > 0:
+        # ggml shapes: markov_w1 {rank, n_vocab}, markov_w2 {rank, n_vocab_draft}
         w["markov_w1.weight"] = mat(n_vocab, shape.markov_rank)
-        w["markov_w2.weight"] = mat(n_vocab, shape.markov_rank)
+        w["markov_w2.weight"] = mat(n_head_rows, shape.markov_rank)
         if shape.confidence_head:
             w["conf_proj.weight"] = mat(1, e + shape.markov_rank)
             w["conf_proj.bias"] = np.zeros(1, dtype=np.float32)
@@ -202,8 +211,14 @@ def write_random_draft(
     markov_rank: int = 0,
     confidence_head: bool = False,
     sample_from_anchor: bool = True,
+    draft_vocab: int = 0,
 ) -> str:
-    """A draft with random weights for a target: drafts nonsense, but exercises every code path."""
+    """A draft with random weights for a target: drafts nonsense, but exercises every code path.
+
+    markov_rank > 0 makes a DSpark draft (confidence_head adds conf_proj). draft_vocab > 0 makes a
+    reduced-vocabulary draft: its own LM head over `draft_vocab` target tokens (sorted, random)
+    and the int64 tensor `d2t` mapping each head row to its target token id.
+    """
     from .inspect import read_gguf
 
     target = read_gguf(target_path)
@@ -220,9 +235,16 @@ def write_random_draft(
         sample_from_anchor=sample_from_anchor,
     )
     mask = mask_token_id if mask_token_id is not None else _default_mask(target)
-    weights = random_draft_weights(shape, target.n_vocab, seed=seed, with_embeddings=with_embeddings)
+    d2t = None
+    if draft_vocab:
+        if not 0 < draft_vocab <= target.n_vocab:
+            raise ValueError(f"draft_vocab must be in 1..{target.n_vocab}, not {draft_vocab}")
+        rng = np.random.default_rng(seed + 7919)
+        d2t = np.sort(rng.choice(target.n_vocab, size=draft_vocab, replace=False)).astype(np.int64)
+    weights = random_draft_weights(shape, target.n_vocab, seed=seed, with_embeddings=with_embeddings,
+                                   n_vocab_draft=None if d2t is None else len(d2t))
     return write_draft(path, shape, weights, tokenizer_from=target_path, mask_token_id=mask,
-                       name=f"random-dflash-{target.name}")
+                       name=f"random-dflash-{target.name}", d2t=d2t)
 
 
 def _pick_heads(n_embd: int) -> int:
