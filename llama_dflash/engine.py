@@ -149,7 +149,7 @@ class LlamaDFlashDecoding(_Decoder):
             draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else min(
                 self.spec.draft_n_max, self.draft_info.max_draft_tokens),
             backend_sampling_requested=self.spec.backend_sampling,
-            backend_sampling_active=False,
+            backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
         )
 
     def close(self) -> None:

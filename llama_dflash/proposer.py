@@ -8,9 +8,10 @@ same motions) but replaces its tokens, to drive every accepted length in tests.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll
@@ -26,6 +27,19 @@ from .target import TargetContext, default_threads, embd_struct
 __all__ = ["Proposer", "DFlashProposer", "ScriptedProposer"]
 
 CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
+
+log = logging.getLogger("llama_dflash")
+_reported_fallbacks: set[str] = set()
+
+
+def _report_fallback(reason: str) -> None:
+    """Log (once per reason per process) why backend candidate sampling is not used."""
+    if reason in _reported_fallbacks:
+        return
+    _reported_fallbacks.add(reason)
+    msg = f"backend draft sampling unavailable, using the CPU path: {reason}"
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 class Proposer(Protocol):
@@ -77,11 +91,23 @@ class DFlashProposer:
         params.n_threads_batch = threads
         params.no_perf = True
         params.ctx_other = target.ctx.ptr
+        want_backend = spec.backend_sampling and not info.is_dflash2
+        if want_backend:
+            # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
+            params.n_outputs_max_per_seq = info.block_size
         try:
             self.ctx = Context(self.model, params)
         except Exception:
             self.model.close()
             raise
+        self._chain = None
+        self.backend_sampling_active = False
+        self.backend_sampling_reason = "not requested" if not spec.backend_sampling else None
+        if want_backend:
+            self._attach_backend_sampler()
+        elif spec.backend_sampling:
+            self.backend_sampling_reason = "DFlash2 drafts read their selector lattice, not candidates"
+            _report_fallback(self.backend_sampling_reason)
         self.batch = BatchExt(self.ctx)
         self.inject_batch = BatchExt(self.ctx)
         ll.llama_set_causal_attn(self.ctx.ptr, info.causal_attention)
@@ -89,6 +115,63 @@ class DFlashProposer:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         self._chunk = n_ub
+
+    # ---- backend-side candidate sampling (top-k chain attached to the draft context) ------------
+    def _attach_backend_sampler(self) -> None:
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if not chain:
+            self.backend_sampling_reason = "llama_sampler_chain_init failed"
+            _report_fallback(self.backend_sampling_reason)
+            return
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(CANDIDATES))
+        if not ll.llama_set_sampler(self.ctx.ptr, 0, chain):
+            ll.llama_sampler_free(chain)
+            self.backend_sampling_reason = "llama_set_sampler refused the top-k chain (backend cannot offload it)"
+            _report_fallback(self.backend_sampling_reason)
+            return
+        self._chain = chain
+        self.backend_sampling_active = True
+        self.backend_sampling_reason = None
+        # detach and free the chain just before llama_free(ctx), whoever closes the context
+        # (the handle's pointer is already cleared then, so keep the raw one)
+        ctx_ptr = self.ctx.ptr
+        self.ctx.on_close(lambda: self._detach_backend_sampler(ctx_ptr))
+
+    def _detach_backend_sampler(self, ctx_ptr: Optional[int] = None) -> None:
+        chain, self._chain = self._chain, None
+        self.backend_sampling_active = False
+        if chain is None:
+            return
+        if ctx_ptr is None and not self.ctx.closed:
+            ctx_ptr = self.ctx.ptr
+        if ctx_ptr is not None:
+            ll.llama_set_sampler(ctx_ptr, 0, None)
+        ll.llama_sampler_free(chain)
+
+    def _backend_failed(self, reason: str) -> None:
+        """Backend results missing at run time: detach, fall back to CPU for good."""
+        self._detach_backend_sampler()
+        self.backend_sampling_reason = reason
+        self.stats.backend_sampling_active = False
+        _report_fallback(reason)
+
+    def _candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-CANDIDATES (ids, logits) of block row i, from the backend sampler or the CPU."""
+        if self._chain is not None:
+            ctx = self.ctx.ptr
+            n_c = int(ll.llama_get_sampled_candidates_count_ith(ctx, i))
+            ids_p = ll.llama_get_sampled_candidates_ith(ctx, i)
+            lg_p = ll.llama_get_sampled_logits_ith(ctx, i)
+            n_l = int(ll.llama_get_sampled_logits_count_ith(ctx, i)) if lg_p else 0
+            if ids_p and lg_p and n_c > 0 and n_l == n_c:
+                ids = np.ctypeslib.as_array(ids_p, shape=(n_c,))
+                return ids, np.ctypeslib.as_array(lg_p, shape=(n_c,))
+            self._backend_failed(f"no sampled candidates/logits for draft row {i} (count {n_c})")
+            raise _RetryOnCpu()
+        row = self._logits(i)
+        k = min(CANDIDATES, row.shape[0])
+        ids = np.argpartition(row, -k)[-k:]
+        return ids, row[ids]
 
     def _clamp_n_max(self, n_max: int) -> int:
         limit = self.info.max_draft_tokens
@@ -102,6 +185,8 @@ class DFlashProposer:
         return n_max
 
     def close(self) -> None:
+        if getattr(self, "ctx", None) is not None:
+            self._detach_backend_sampler()
         for owner in ("inject_batch", "batch", "ctx"):
             h = getattr(self, owner, None)
             if h is not None:
@@ -125,32 +210,21 @@ class DFlashProposer:
 
     def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
         """Draft up to n tokens following id_last (which sits at position n_past)."""
-        n = min(n, self.n_max)
+        # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
+        # silently, so never let n_max (which callers may set) push the block past it
+        n = min(n, self.n_max, self.info.max_draft_tokens)
         if n <= 0:
             return []
         t0 = time.perf_counter()
-        b = self.batch
-        b.clear()
         n_block = n if self.anchor_first else n + 1
-        for i in range(n_block):
-            b.add_token(id_last if i == 0 else self.mask, n_past + i, True)
-        rc = b.process()
+        assert n_block <= self.info.block_size
         tokens: list[int] = []
         try:
-            if rc != 0:
-                raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
-            first = 0 if self.anchor_first else 1
-            conf = None
-            if self.info.algorithm == "dspark" and self.p_min > 0:
-                conf = ext.llama_get_embeddings_nextn(self.ctx.ptr)
-            for i in range(first, n_block):
-                if conf is not None and conf[i * self.n_embd] < self.p_min:
-                    break
-                row = self._logits(i)
-                tok = int(np.argmax(row))
-                if conf is None and self.p_min > 0 and _top1_prob(row, tok) < self.p_min:
-                    break
-                tokens.append(tok)
+            try:
+                tokens = self._draft_block(id_last, n_past, n_block)
+            except _RetryOnCpu:
+                self.ctx.seq_rm(0, n_past, -1)
+                tokens = self._draft_block(id_last, n_past, n_block)
         finally:
             # keep only the injected features: the block's own K/V must not stay in the cache
             self.ctx.seq_rm(0, n_past, -1)
@@ -159,6 +233,41 @@ class DFlashProposer:
         self.stats.draft_seconds += time.perf_counter() - t0
         self.stats.draft_steps += 1
         self.stats.drafted += len(tokens)
+        return tokens
+
+    def _draft_block(self, id_last: int, n_past: int, n_block: int) -> list[int]:
+        """Decode `[id_last, MASK...]` (n_block rows) and read the draft tokens off its slots.
+
+        DFlash (and DSpark with sample_from_anchor false) reads slots 1..n_block-1, anchor-first
+        DSpark reads 0..n_block-1.  The draft token of a slot is its top candidate (ties: lowest
+        id, identical on the backend and CPU paths).  Filters, as llama.cpp's driver: DSpark with
+        p_min > 0 stops at the first slot whose confidence is below p_min; DFlash stops at the first
+        slot whose top-1 probability over the candidates is below p_min.
+        """
+        b = self.batch
+        b.clear()
+        for i in range(n_block):
+            b.add_token(id_last if i == 0 else self.mask, n_past + i, True)
+        rc = b.process()
+        if rc != 0:
+            raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
+        first = 0 if self.anchor_first else 1
+        conf = None
+        dspark = self.info.algorithm == "dspark"
+        if dspark and self.p_min > 0:
+            conf = ext.llama_get_embeddings_nextn(self.ctx.ptr)
+            if conf is None:
+                raise LlamaCallError("the DSpark draft produced no confidences (llama_get_embeddings_nextn)")
+        tokens: list[int] = []
+        for i in range(first, n_block):
+            if conf is not None and conf[i * self.n_embd] < self.p_min:
+                break
+            ids, logits = self._candidates(i)
+            top = float(logits.max())
+            tok = int(ids[logits == top].min())
+            if not dspark and self.p_min > 0 and float(1.0 / np.exp(logits - top).sum()) < self.p_min:
+                break
+            tokens.append(tok)
         return tokens
 
     def rollback(self, n_past: int) -> None:
@@ -175,6 +284,10 @@ class DFlashProposer:
         if not ptr:
             raise LlamaCallError(f"draft produced no logits for block row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+
+class _RetryOnCpu(Exception):
+    """The backend sampler gave no results: redo the block on the CPU path."""
 
 
 def _top1_prob(row: np.ndarray, top: int) -> float:
