@@ -213,7 +213,8 @@ class DFlashProposer:
         # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
         # silently, so never let n_max (which callers may set) push the block past it
         n = min(n, self.n_max, self.info.max_draft_tokens)
-        if n <= 0:
+        if n <= 0 or self.p_min >= 1.0:
+            # p_min 1 drafts nothing, even where a confidence or probability saturates to 1.0
             return []
         t0 = time.perf_counter()
         n_block = n if self.anchor_first else n + 1

@@ -109,7 +109,7 @@ def random_draft_weights(
         w["markov_w1.weight"] = mat(n_vocab, shape.markov_rank)
         w["markov_w2.weight"] = mat(n_head_rows, shape.markov_rank)
         if shape.confidence_head:
-            w["conf_proj.weight"] = mat(1, e + shape.markov_rank)
+            w["conf_proj.weight"] = mat(1, e + shape.markov_rank) * 20  # confidences spread over (0, 1)
             w["conf_proj.bias"] = np.zeros(1, dtype=np.float32)
     return w
 
