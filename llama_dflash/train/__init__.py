@@ -1,0 +1,5 @@
+"""Draft trainer: self-distillation data from a GGUF target, a PyTorch DFlash draft that matches
+llama.cpp's `dflash` graph, export to a draft GGUF, parity check and acceptance evaluation.
+
+Needs the `train` extra (torch).
+"""

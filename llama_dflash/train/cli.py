@@ -1,0 +1,188 @@
+"""Train a DFlash draft for a GGUF target by self-distillation (`llama-dflash train`).
+
+Steps: the target answers prompts (built-in mixed set or --prompts), its layer inputs are
+extracted through llama.cpp exactly as the engine does and cached in --workdir, a PyTorch draft
+matching llama.cpp's dflash graph is trained on them, exported to --output, checked for top-1
+parity against llama.cpp and evaluated for acceptance on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+__all__ = ["configure", "run"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--output", required=True, help="draft GGUF to write")
+    p.add_argument("--prompts", help="prompt file: one prompt per line, or JSONL with a \"prompt\" field "
+                                     "(default: a built-in mixed set)")
+    p.add_argument("--n-prompts", type=int, default=300, help="training prompts to use (default 300)")
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for evaluation (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="target sampling temperature for the data (0: greedy)")
+    p.add_argument("--target-layers", type=_int_list, help="target layer ids (default: 3 evenly spread)")
+    p.add_argument("--draft-layers", type=int, default=1, help="draft transformer layers (default 1)")
+    p.add_argument("--block-size", type=int, default=8, help="DFlash block size (default 8)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--anchors-per-seq", type=int, default=8, help="blocks per sequence per step (default 8)")
+    p.add_argument("--workdir", help="features cache and checkpoints, resumable (default: OUTPUT.work)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and torch)")
+    p.add_argument("--algorithm", choices=("dflash", "dspark"), default="dflash")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--skip-eval", action="store_true", help="skip parity and acceptance evaluation")
+
+
+def _check_output(path: str) -> None:
+    if os.path.isdir(path):
+        raise ValueError(f"--output {path} is a directory")
+    d = os.path.dirname(os.path.abspath(path))
+    probe_dir = d
+    while not os.path.exists(probe_dir):
+        probe_dir = os.path.dirname(probe_dir)
+    if not os.path.isdir(probe_dir) or not os.access(probe_dir, os.W_OK):
+        raise ValueError(f"--output {path} is not writable (directory {probe_dir})")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"--output {path} is not writable")
+
+
+def _positive(name: str, v, minimum: int = 1) -> None:
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {v}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..defaults import smollm2_path
+    from ..inspect import read_gguf, validate_target
+    from ..writer import DraftShape, _pick_heads, _pick_kv_heads, evenly_spread_layers
+    from .prompts import builtin_prompts, chat_wrap, load_prompts
+
+    t_start = time.time()
+    model_path = args.model or smollm2_path()
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"target model not found: {model_path}")
+    info = read_gguf(model_path)
+    validate_target(info)
+    if args.algorithm == "dspark":
+        raise ValueError("--algorithm dspark: DSpark training is not implemented yet; use dflash")
+    _check_output(args.output)
+    _positive("--block-size", args.block_size, 2)
+    if args.block_size > 64:
+        raise ValueError(f"--block-size must be <= 64, not {args.block_size}")
+    for name in ("n_prompts", "max_new_tokens", "draft_layers", "steps", "batch_size", "anchors_per_seq"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    _positive("--eval-prompts", args.eval_prompts, 0)
+    if args.lr <= 0:
+        raise ValueError(f"--lr must be > 0, not {args.lr}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, not {args.temperature}")
+    layers = args.target_layers or evenly_spread_layers(info.n_layer)
+    bad = [x for x in layers if not 0 <= x < info.n_layer]
+    if bad:
+        raise ValueError(f"--target-layers {bad} out of range: {info.basename} has layers 0..{info.n_layer - 1}")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"--target-layers has duplicates: {layers}")
+
+    all_prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts(10_000, seed=args.seed)
+    n_eval = min(args.eval_prompts, max(0, len(all_prompts) - 1))
+    eval_prompts = all_prompts[len(all_prompts) - n_eval:] if n_eval else []
+    train_prompts = all_prompts[: len(all_prompts) - n_eval][: args.n_prompts]
+    if not train_prompts:
+        raise ValueError("no training prompts left after holding out --eval-prompts")
+    template = info.get("tokenizer.chat_template") or ""
+    wrap = lambda p: chat_wrap(template, p)  # noqa: E731
+
+    import numpy as np
+    import torch
+
+    from .data import build_cache
+    from .export import evaluate_acceptance, export_draft, parity_check
+    from .model import DraftModel, load_target_head
+    from .trainer import TrainConfig, pick_mask_token, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    workdir = args.workdir or (os.path.abspath(args.output) + ".work")
+    os.makedirs(workdir, exist_ok=True)
+    progress = not args.no_progress
+    say = (lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr, flush=True))
+
+    t0 = time.time()
+    cache = build_cache(os.path.join(workdir, "data"), model_path, train_prompts, target_layers=layers,
+                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                        n_threads=args.threads, progress=progress, wrap=wrap)
+    t_data = time.time() - t0
+    say(f"data: {len(cache)} sequences, {cache.n_rows} rows ({cache.n_answer_tokens} answer tokens) in {t_data:.0f}s")
+
+    used = set()
+    for s in cache.seqs:
+        used.update(int(t) for t in s.tokens)
+    reserved = {info.get(k) for k in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                      "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id",
+                                      "tokenizer.ggml.eot_token_id")}
+    mask_id = pick_mask_token(info.tokens, used, {r for r in reserved if isinstance(r, int)})
+    if mask_id is None:
+        unused = [i for i in range(info.n_vocab - 1, -1, -1) if i not in used]
+        if not unused:
+            raise ValueError("every token of the vocabulary occurs in the data: no mask token available")
+        mask_id = unused[0]
+
+    n_head = _pick_heads(info.n_embd)
+    shape = DraftShape(n_embd=info.n_embd, n_layer=args.draft_layers, n_head=n_head, n_head_kv=_pick_kv_heads(n_head),
+                       block_size=args.block_size, target_layers=layers, rms_eps=1e-6, rope_theta=10000.0,
+                       context_length=max(2048, info.n_ctx_train or 0))
+    emb, head = load_target_head(model_path)
+    model = DraftModel(shape, emb, head)
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
+                      seed=args.seed)
+    t0 = time.time()
+    summary = train(model, cache, cfg, mask_id=mask_id, train_ids=list(range(len(cache))),
+                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress)
+    t_train = time.time() - t0
+    export_draft(model, args.output, target_path=model_path, mask_token_id=mask_id,
+                 name=f"dflash-{os.path.splitext(info.basename)[0]}")
+    report = {"output": args.output, "target": info.basename, "target_layers": layers, "block_size": args.block_size,
+              "draft_layers": args.draft_layers, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
+              "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
+              "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "train": summary}
+    if not args.skip_eval:
+        seqs = [(cache.get(i)[0], cache.get(i)[1].astype(np.float32)) for i in range(min(4, len(cache)))]
+        report["parity"] = parity_check(model, args.output, model_path, seqs, n_threads=args.threads)
+        say(f"parity: top-1 agreement {report['parity']['agreement']:.4f} over {report['parity']['slots']} slots")
+        if eval_prompts:
+            from .._llama import Model
+
+            tok = Model(model_path)
+            try:
+                toks = [tok.tokenize(wrap(p)) for p in eval_prompts]
+            finally:
+                tok.close()
+            report["eval"] = evaluate_acceptance(model_path, args.output, toks, max_new_tokens=args.max_new_tokens,
+                                                 n_max=args.block_size - 1, n_threads=args.threads)
+            report["eval"]["prompts"] = len(eval_prompts)
+            say("held-out acceptance per position: " + ", ".join(f"{x:.3f}" for x in report["eval"]["acceptance_per_position"]))
+            say(f"mean accepted length: {report['eval']['mean_accepted_length']:.3f}")
+    report["total_seconds"] = round(time.time() - t_start, 1)
+    with open(os.path.join(workdir, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps(report, indent=1))
+    return 0

@@ -1,0 +1,168 @@
+"""Self-distillation data: the target answers prompts, then its layer inputs are extracted through
+llama.cpp exactly as the engine does it, and cached (float16 memmap + token ids) in a workdir.
+
+Layout of `<workdir>/data/`: `meta.json` (what the cache was made from), `seqs.jsonl` (one line per
+sequence: tokens, prompt length, row offset) and `features.f16` (rows x n_layers*n_embd float16).
+Appending is resumable: an interrupted run continues after the last complete sequence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_"]
+
+
+@dataclass
+class Sequence_:
+    tokens: np.ndarray  # int32 [L]
+    prompt_len: int
+    offset: int  # first row in features.f16
+
+
+class FeatureCache:
+    """Read side of a features cache."""
+
+    def __init__(self, root: str):
+        self.root = root
+        with open(os.path.join(root, "meta.json"), encoding="utf-8") as f:
+            self.meta = json.load(f)
+        self.width = int(self.meta["width"])
+        self.seqs: list[Sequence_] = []
+        path = os.path.join(root, "seqs.jsonl")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        o = json.loads(line)
+                        self.seqs.append(Sequence_(np.asarray(o["tokens"], dtype=np.int64), o["prompt_len"], o["offset"]))
+        self.n_rows = sum(len(s.tokens) for s in self.seqs)
+        fpath = os.path.join(root, "features.f16")
+        if self.n_rows:
+            self.features = np.memmap(fpath, dtype=np.float16, mode="r", shape=(self.n_rows, self.width))
+        else:
+            self.features = np.zeros((0, self.width), dtype=np.float16)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
+        s = self.seqs[i]
+        return s.tokens, np.asarray(self.features[s.offset : s.offset + len(s.tokens)]), s.prompt_len
+
+    @property
+    def n_answer_tokens(self) -> int:
+        return sum(len(s.tokens) - s.prompt_len for s in self.seqs)
+
+
+def extract_features(target, tokens: Sequence[int]) -> np.ndarray:
+    """Layer inputs for every position of `tokens`, decoded in n_batch chunks from position 0
+    (the engine's prefill path): [len(tokens), n_layers*n_embd] float32."""
+    target.clear()
+    step = target.ctx.n_batch
+    out = []
+    for start in range(0, len(tokens), step):
+        chunk = list(tokens[start : start + step])
+        target.decode(chunk, start, logits="none")
+        out.append(target.layer_features())
+    return np.concatenate(out, axis=0)
+
+
+def _fingerprint(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_cache(
+    root: str,
+    model_path: str,
+    prompts: Sequence[str],
+    *,
+    target_layers: Sequence[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    n_threads: Optional[int] = None,
+    n_ctx: int = 1024,
+    progress: bool = True,
+    wrap: Callable[[str], str] = lambda p: p,
+) -> FeatureCache:
+    """Generate answers with the target and cache their features; resumes an interrupted run."""
+    from .._llama import Model, set_verbose
+    from ..config import TargetConfig
+    from ..engine import OrdinaryDecoding
+    from ..inspect import read_gguf
+    from ..sampling import SamplingParams
+    from ..target import TargetContext
+
+    set_verbose(False)
+    info = read_gguf(model_path)
+    width = len(target_layers) * info.n_embd
+    meta = dict(
+        model=os.path.basename(model_path), target_layers=[int(x) for x in target_layers],
+        max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed),
+        prompts=_fingerprint({"p": list(prompts)}), width=width, n_embd=info.n_embd,
+    )
+    os.makedirs(root, exist_ok=True)
+    mpath = os.path.join(root, "meta.json")
+    if os.path.isfile(mpath):
+        with open(mpath, encoding="utf-8") as f:
+            old = json.load(f)
+        if {k: old.get(k) for k in meta} != meta:
+            raise ValueError(
+                f"the features cache in {root} was made with other settings "
+                f"({', '.join(k for k in meta if old.get(k) != meta[k])} differ); use another --workdir"
+            )
+    else:
+        with open(mpath, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1)
+
+    cache = FeatureCache(root)
+    done = len(cache)
+    fpath = os.path.join(root, "features.f16")
+    # drop a partially written tail
+    if os.path.isfile(fpath):
+        with open(fpath, "r+b") as f:
+            f.truncate(cache.n_rows * width * 2)
+    if done >= len(prompts):
+        return cache
+
+    cfg = TargetConfig(model=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed)
+    model = Model(model_path, n_gpu_layers=cfg.n_gpu_layers, repack=cfg.repack)
+    gen = OrdinaryDecoding(cfg, model=model)
+    tgt = TargetContext(model, cfg, extract_layers=target_layers)
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), initial=done, desc="data", unit="seq", dynamic_ncols=True)
+    offset = cache.n_rows
+    try:
+        with open(fpath, "ab") as ff, open(os.path.join(root, "seqs.jsonl"), "a", encoding="utf-8") as fs:
+            for i in range(done, len(prompts)):
+                ptoks = model.tokenize(wrap(prompts[i]))
+                ptoks = ptoks[: max(1, n_ctx - max_new_tokens - 1)]
+                ans = gen.generate(ptoks, max_new_tokens, sampling).tokens
+                toks = list(ptoks) + list(ans)
+                feats = extract_features(tgt, toks).astype(np.float16)
+                ff.write(feats.tobytes())
+                ff.flush()
+                fs.write(json.dumps({"tokens": [int(t) for t in toks], "prompt_len": len(ptoks), "offset": offset}) + "\n")
+                fs.flush()
+                offset += len(toks)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(rows=offset)
+    finally:
+        if bar is not None:
+            bar.close()
+        tgt.close()
+        gen.close()
+        model.close()
+    return FeatureCache(root)

@@ -1,0 +1,181 @@
+"""A PyTorch DFlash draft that computes exactly what llama.cpp's `dflash` graph computes
+(src/models/dflash.cpp), with the target's token embeddings and output head frozen.
+
+Context path (feature injection): fused = RMSNorm_enc(fc(features)); per draft layer
+K = rope(k_norm(wk(fused))), V = wv(fused).  Block path: x = tok_embd[tokens]; per layer
+h = attn_norm(x); q/k/v from h with per-head RMS q_norm/k_norm, NEOX rope; non-causal attention of
+the block over [context K/V at positions < anchor; block K/V]; wo; residual; ffn_norm; SwiGLU;
+residual.  Then output_norm and the target's head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..writer import DraftShape
+
+__all__ = ["DraftModel", "load_target_head", "rope_neox"]
+
+
+def load_target_head(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(token_embd [n_vocab, n_embd], output head [n_vocab, n_embd]) dequantized to float32.
+    A target without `output.weight` ties the head to token_embd."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path, "r")
+    tensors = {t.name: t for t in reader.tensors}
+
+    def load(name: str) -> np.ndarray:
+        t = tensors[name]
+        arr = dequantize(t.data, t.tensor_type)
+        n_embd = int(t.shape[0])
+        return np.ascontiguousarray(arr.reshape(-1, n_embd), dtype=np.float32)
+
+    emb = load("token_embd.weight")
+    head = load("output.weight") if "output.weight" in tensors else emb
+    return emb, head
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_neox(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """NEOX rotary embedding (rotate halves) over the last dim; x [..., T, H, D], pos [..., T]."""
+    d = x.shape[-1]
+    half = d // 2
+    inv = theta ** (-torch.arange(0, half, dtype=torch.float32, device=x.device) * 2.0 / d)
+    ang = pos.to(torch.float32)[..., None] * inv  # [..., T, half]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Layer(nn.Module):
+    def __init__(self, s: DraftShape):
+        super().__init__()
+        e, hd = s.n_embd, s.head_dim
+        self.attn_norm = RMSNorm(e, s.rms_eps)
+        self.wq = nn.Linear(e, s.n_head * hd, bias=False)
+        self.wk = nn.Linear(e, s.n_head_kv * hd, bias=False)
+        self.wv = nn.Linear(e, s.n_head_kv * hd, bias=False)
+        self.wo = nn.Linear(s.n_head * hd, e, bias=False)
+        self.q_norm = RMSNorm(hd, s.rms_eps)
+        self.k_norm = RMSNorm(hd, s.rms_eps)
+        self.ffn_norm = RMSNorm(e, s.rms_eps)
+        self.gate = nn.Linear(e, s.ff, bias=False)
+        self.up = nn.Linear(e, s.ff, bias=False)
+        self.down = nn.Linear(s.ff, e, bias=False)
+
+
+class DraftModel(nn.Module):
+    def __init__(self, shape: DraftShape, tok_embd: np.ndarray, head: np.ndarray):
+        super().__init__()
+        self.shape = s = shape
+        e = s.n_embd
+        self.fc = nn.Linear(len(s.target_layers) * e, e, bias=False)
+        self.enc_norm = RMSNorm(e, s.rms_eps)
+        self.layers = nn.ModuleList([Layer(s) for _ in range(s.n_layer)])
+        self.output_norm = RMSNorm(e, s.rms_eps)
+        emb = torch.from_numpy(np.ascontiguousarray(tok_embd))
+        self.register_buffer("tok_embd", emb, persistent=False)
+        self.register_buffer("head", emb if head is tok_embd else torch.from_numpy(np.ascontiguousarray(head)),
+                             persistent=False)
+        for lin in [self.fc] + [m for l in self.layers for m in (l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down)]:
+            nn.init.normal_(lin.weight, std=1.0 / math.sqrt(lin.in_features))
+        # start with logits of unit scale: the target's head rows can be long
+        rms = float(self.head.pow(2).mean().sqrt())
+        with torch.no_grad():
+            self.output_norm.weight.fill_(1.0 / max(1e-6, rms * math.sqrt(e)))
+        for l in self.layers:
+            nn.init.normal_(l.wo.weight, std=0.3 / math.sqrt(l.wo.in_features))
+            nn.init.normal_(l.down.weight, std=0.3 / math.sqrt(l.down.in_features))
+
+    # ---- pieces --------------------------------------------------------------------------
+    def context_kv(self, features: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """features [N, Lc, n_ids*E], pos [N, Lc] -> per layer (K, V) [N, Lc, Hkv, D]."""
+        s = self.shape
+        fused = self.enc_norm(self.fc(features))
+        out = []
+        for l in self.layers:
+            k = l.wk(fused).unflatten(-1, (s.n_head_kv, s.head_dim))
+            v = l.wv(fused).unflatten(-1, (s.n_head_kv, s.head_dim))
+            k = rope_neox(l.k_norm(k), pos, s.rope_theta)
+            out.append((k, v))
+        return out
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [N, Lc, n_ids*E]
+        ctx_valid: torch.Tensor,  # [N, Lc] bool: real context rows
+        block_tokens: torch.Tensor,  # [N, M, B] token ids
+        anchors: torch.Tensor,  # [N, M] anchor positions
+        return_hidden: bool = False,
+    ) -> torch.Tensor:
+        """Logits [N, M, B, n_vocab] of M blocks per sequence; block m sees context rows < anchor m."""
+        s = self.shape
+        N, Lc = features.shape[:2]
+        M, B = block_tokens.shape[1:]
+        ctx_pos = torch.arange(Lc, device=features.device).expand(N, Lc)
+        kv = self.context_kv(features, ctx_pos)
+        bpos = anchors[..., None] + torch.arange(B, device=features.device)  # [N, M, B]
+        bpos = bpos.reshape(N, M * B)
+        # mask [N, 1, M*B, Lc + M*B]: context rows before the anchor, and the block's own rows
+        ctx_ok = (ctx_pos[:, None, :] < anchors[:, :, None]) & ctx_valid[:, None, :]  # [N, M, Lc]
+        ctx_ok = ctx_ok.repeat_interleave(B, dim=1)  # [N, M*B, Lc]
+        blk_id = torch.arange(M, device=features.device).repeat_interleave(B)
+        blk_ok = (blk_id[:, None] == blk_id[None, :]).expand(N, M * B, M * B)
+        mask = torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
+        x = F.embedding(block_tokens.reshape(N, M * B), self.tok_embd)
+        rep = s.n_head // s.n_head_kv
+        for l, (ck, cv) in zip(self.layers, kv):
+            h = l.attn_norm(x)
+            q = rope_neox(l.q_norm(l.wq(h).unflatten(-1, (s.n_head, s.head_dim))), bpos, s.rope_theta)
+            k = rope_neox(l.k_norm(l.wk(h).unflatten(-1, (s.n_head_kv, s.head_dim))), bpos, s.rope_theta)
+            v = l.wv(h).unflatten(-1, (s.n_head_kv, s.head_dim))
+            K = torch.cat([ck, k], dim=1).repeat_interleave(rep, dim=2)  # [N, Lc+MB, H, D]
+            V = torch.cat([cv, v], dim=1).repeat_interleave(rep, dim=2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
+                                               attn_mask=mask)  # [N, H, MB, D]
+            x = x + l.wo(a.transpose(1, 2).flatten(-2))
+            hf = l.ffn_norm(x)
+            x = x + l.down(F.silu(l.gate(hf)) * l.up(hf))
+        hid = self.output_norm(x)
+        if return_hidden:
+            return hid.reshape(N, M, B, -1)
+        return (hid @ self.head.T).reshape(N, M, B, -1)
+
+    # ---- export --------------------------------------------------------------------------
+    def export_weights(self) -> dict[str, np.ndarray]:
+        def a(t: torch.Tensor) -> np.ndarray:
+            return t.detach().cpu().float().numpy()
+
+        w = {"fc.weight": a(self.fc.weight), "enc.output_norm.weight": a(self.enc_norm.weight),
+             "output_norm.weight": a(self.output_norm.weight)}
+        for i, l in enumerate(self.layers):
+            p = f"blk.{i}."
+            w[p + "attn_norm.weight"] = a(l.attn_norm.weight)
+            w[p + "attn_q.weight"] = a(l.wq.weight)
+            w[p + "attn_k.weight"] = a(l.wk.weight)
+            w[p + "attn_v.weight"] = a(l.wv.weight)
+            w[p + "attn_output.weight"] = a(l.wo.weight)
+            w[p + "attn_q_norm.weight"] = a(l.q_norm.weight)
+            w[p + "attn_k_norm.weight"] = a(l.k_norm.weight)
+            w[p + "ffn_norm.weight"] = a(l.ffn_norm.weight)
+            w[p + "ffn_gate.weight"] = a(l.gate.weight)
+            w[p + "ffn_up.weight"] = a(l.up.weight)
+            w[p + "ffn_down.weight"] = a(l.down.weight)
+        return w

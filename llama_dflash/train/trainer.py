@@ -1,0 +1,176 @@
+"""Training loop: random anchors per sequence, CE with position decay, AdamW + warm-up + cosine,
+gradient clipping, resumable checkpoints, tqdm progress with loss and first-slot accuracy."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .data import FeatureCache
+from .model import DraftModel
+
+__all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma"]
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    lr: float = 1e-3
+    batch_size: int = 8  # sequences per step
+    anchors_per_seq: int = 8
+    warmup: float = 0.05
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    gamma: float = 0.0  # position-decay; 0: from the block size
+    max_context: int = 1024
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def decay_gamma(block_size: int) -> float:
+    """The DFlash paper's decay constants (7 for 16, 5 for 10, 4 for 8), interpolated."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2.0))
+
+
+def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int]) -> Optional[int]:
+    """An existing special token of the vocabulary (`<...>`, not a byte token) unused by the data."""
+    best = None
+    for i, t in enumerate(tokens[:4096]):
+        if i in used or i in reserved:
+            continue
+        if len(t) > 2 and t.startswith("<") and t.endswith(">") and not t.startswith("<0x"):
+            if t in ("<mask>", "<|mask|>", "[MASK]"):
+                return i
+            best = i
+    return best
+
+
+def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
+               rng: np.random.Generator, max_context: int = 1024):
+    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]."""
+    items = []
+    for i in idx:
+        toks, feats, plen = cache.get(i)
+        L = min(len(toks), max_context)
+        toks, feats = toks[:L], feats[:L]
+        lo = min(max(1, plen), L - 2)
+        hi = L - 2
+        if hi < 1:
+            continue
+        anchors = rng.integers(max(1, lo), hi + 1, size=n_anchors)
+        items.append((toks, feats, anchors))
+    N, Lmax, W = len(items), max(len(t) for t, _, _ in items), cache.width
+    feats = np.zeros((N, Lmax, W), dtype=np.float32)
+    valid = np.zeros((N, Lmax), dtype=bool)
+    btoks = np.full((N, n_anchors, block), mask_id, dtype=np.int64)
+    labels = np.full((N, n_anchors, block), -100, dtype=np.int64)
+    anc = np.zeros((N, n_anchors), dtype=np.int64)
+    for n, (toks, f, anchors) in enumerate(items):
+        L = len(toks)
+        feats[n, :L] = f
+        valid[n, :L] = True
+        anc[n] = anchors
+        for m, a in enumerate(anchors):
+            btoks[n, m, 0] = toks[a]
+            for j in range(1, block):
+                if a + j < L:
+                    labels[n, m, j] = toks[a + j]
+    t = torch.from_numpy
+    return t(feats), t(valid), t(btoks), t(anc), t(labels)
+
+
+def block_loss(model: DraftModel, batch, gamma: float) -> tuple[torch.Tensor, float, int]:
+    """Weighted CE over slots 1..B-1 (slot j weighted exp(-(j-1)/gamma)); returns loss, first-slot
+    accuracy and the number of first-slot labels."""
+    feats, valid, btoks, anc, labels = batch
+    hid = model(feats, valid, btoks, anc, return_hidden=True)[:, :, 1:]  # [N, M, B-1, E]
+    lab = labels[:, :, 1:]
+    B1 = lab.shape[-1]
+    w = torch.exp(-torch.arange(B1, dtype=torch.float32) / gamma).expand_as(lab)
+    keep = lab >= 0
+    h, y, ww = hid[keep], lab[keep], w[keep]
+    logits = h @ model.head.T
+    ce = F.cross_entropy(logits, y, reduction="none")
+    loss = (ce * ww).sum() / ww.sum().clamp_min(1e-6)
+    with torch.no_grad():
+        first = keep[..., 0]
+        n1 = int(first.sum())
+        if n1:
+            pred = (hid[..., 0, :][first] @ model.head.T).argmax(-1)
+            acc = float((pred == lab[..., 0][first]).float().mean())
+        else:
+            acc = 0.0
+    return loss, acc, n1
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    p = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
+
+
+def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: int, train_ids: list[int],
+          ckpt_path: Optional[str] = None, progress: bool = True, log=None) -> dict:
+    """Train in place; resumes from ckpt_path when it exists. Returns a summary dict."""
+    block = model.shape.block_size
+    gamma = cfg.gamma or decay_gamma(block)
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    start = 0
+    rng = np.random.default_rng(cfg.seed)
+    if ckpt_path and os.path.isfile(ckpt_path):
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        start = int(ck["step"])
+        rng = np.random.default_rng([cfg.seed, start])
+
+    def save(step: int) -> None:
+        if ckpt_path:
+            tmp = ckpt_path + ".tmp"
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            os.replace(tmp, ckpt_path)
+
+    bar = None
+    if progress and start < cfg.steps:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    ema_loss, ema_acc = None, None
+    t0 = time.time()
+    model.train()
+    for step in range(start, cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, cfg)
+        idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
+        batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context)
+        loss, acc, _ = block_loss(model, batch, gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        lv = float(loss)
+        ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
+        ema_acc = acc if ema_acc is None else 0.95 * ema_acc + 0.05 * acc
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema_loss:.3f}", acc1=f"{ema_acc:.3f}", lr=f"{_lr_at(step, cfg):.1e}")
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            save(step + 1)
+    if bar is not None:
+        bar.close()
+    save(cfg.steps)
+    model.eval()
+    return {"steps": cfg.steps, "loss": ema_loss, "first_slot_acc": ema_acc, "seconds": time.time() - t0}
