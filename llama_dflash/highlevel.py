@@ -114,7 +114,8 @@ class Llama(llama_cpp.Llama):
         engine, self._engine = getattr(self, "_engine", None), None
         if engine is not None:
             engine.close()
-        super().close()
+        if hasattr(self, "_stack"):
+            super().close()
 
     def _close_active(self) -> None:
         active, self._active = getattr(self, "_active", None), None
