@@ -12,6 +12,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
+
 from .errors import GGUFFileError, IncompatibleModelError, UnsupportedTargetError
 
 __all__ = [
@@ -360,7 +362,7 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
 
     d2t_rows: Optional[int] = None
     if "d2t" in draft.tensor_names:
-        d2t_rows = -1  # exact size is checked by llama.cpp; we only need to know it is reduced
+        d2t_rows = _check_d2t(target, draft)
 
     has_conf_key = draft.get("dflash.has_confidence_head")
     return DraftInfo(
@@ -379,6 +381,42 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
         reduced_vocab=d2t_rows,
         is_dflash2="selector_hidden.weight" in draft.tensor_names,
     )
+
+
+def _check_d2t(target: GGUFInfo, draft: GGUFInfo) -> int:
+    """A reduced-vocabulary draft: d2t (int64, one target id per head row) and a head of as many rows.
+
+    llama.cpp asserts (aborts) when d2t's length differs from the head's rows, and scatters logits
+    to the d2t ids without a range check.  Returns the number of draft-vocabulary rows.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(draft.path, "r")
+    tensors = {t.name: t for t in reader.tensors}
+    d2t = tensors["d2t"]
+    shape = [int(x) for x in d2t.shape.tolist()]
+    if d2t.data.dtype != np.int64 or len(shape) != 1:
+        raise IncompatibleModelError(draft.path, "tensor d2t", f"{d2t.data.dtype} {shape}",
+                                     "a 1-D int64 tensor (draft row -> target token id)")
+    rows = shape[0]
+    ids = np.asarray(d2t.data)
+    if rows < 1 or rows > target.n_vocab or ids.min() < 0 or ids.max() >= target.n_vocab:
+        raise IncompatibleModelError(draft.path, "tensor d2t", f"{rows} ids in {ids.min()}..{ids.max()}",
+                                     f"at most {target.n_vocab} target token ids in 0..{target.n_vocab - 1}")
+    if len(np.unique(ids)) != rows:
+        raise IncompatibleModelError(draft.path, "tensor d2t", "repeated target ids", "distinct target token ids")
+    head = tensors.get("output.weight")
+    if head is None and not ("token_embd.weight" in tensors and rows == target.n_vocab):
+        raise IncompatibleModelError(
+            draft.path, "tensor output.weight", None,
+            f"the draft's own LM head over its {rows} d2t rows (a reduced-vocabulary draft cannot use the target's)",
+        )
+    for name in ("output.weight", "markov_w2.weight"):
+        t = tensors.get(name)
+        if t is not None and int(t.shape.tolist()[-1]) != rows:
+            raise IncompatibleModelError(draft.path, f"tensor {name} rows", int(t.shape.tolist()[-1]),
+                                         f"{rows} (the length of d2t)")
+    return rows
 
 
 def _check_attention_shape(draft: GGUFInfo) -> None:

@@ -115,3 +115,29 @@ def test_every_accepted_length(tiny_config, d2t_drafts, reference):
     with LlamaDFlashDecoding(tiny_config, SpecConfig(d2t_drafts["d2t"], draft_n_max=5)) as eng:
         s = check_every_accepted_length(eng, prompt, ref, 5).stats
         assert s.rollbacks > 0 and 0 < s.accepted < s.verified
+
+
+@pytest.mark.parametrize("case", ["out_of_range", "repeated", "no_head", "short_head"])
+def test_bad_d2t_is_a_clear_error(tiny_dir, tiny_target, case):
+    """llama.cpp would abort (or scatter out of range): validation names the problem first."""
+    from llama_dflash.errors import IncompatibleModelError
+    from llama_dflash.writer import DraftShape, evenly_spread_layers, random_draft_weights, write_draft
+
+    target = read_gguf(tiny_target)
+    shape = DraftShape(n_embd=target.n_embd, n_head=4, n_head_kv=2, block_size=8,
+                       target_layers=evenly_spread_layers(target.n_layer))
+    rows = 32
+    d2t = np.arange(rows, dtype=np.int64) * 3
+    weights = random_draft_weights(shape, target.n_vocab, n_vocab_draft=rows)
+    if case == "out_of_range":
+        d2t[-1] = target.n_vocab
+    elif case == "repeated":
+        d2t[1] = d2t[0]
+    elif case == "no_head":
+        del weights["output.weight"]
+    elif case == "short_head":
+        weights["output.weight"] = weights["output.weight"][:-1]
+    path = write_draft(str(tiny_dir / f"bad_d2t_{case}.gguf"), shape, weights, tokenizer_from=tiny_target,
+                       mask_token_id=3, d2t=d2t)
+    with pytest.raises(IncompatibleModelError, match="d2t|output.weight"):
+        validate_pair(target, read_gguf(path))
