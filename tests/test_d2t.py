@@ -49,7 +49,7 @@ def test_fixture_layout(d2t_drafts, tiny_target):
         assert len(d2t) == DRAFT_VOCAB and len(set(d2t.tolist())) == DRAFT_VOCAB
         assert d2t.min() >= 0 and d2t.max() < target.n_vocab
         info = validate_pair(target, read_gguf(path))
-        assert info.reduced_vocab is not None
+        assert info.reduced_vocab == DRAFT_VOCAB
         assert info.algorithm == ("dspark" if "dspark" in name else "dflash")
 
 
