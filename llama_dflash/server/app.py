@@ -6,7 +6,8 @@ Built on FastAPI directly rather than llama_cpp.server's app: that app loads its
 our per-response `speculative` statistics.  Request bodies are passed to
 `Llama.create_completion` / `create_chat_completion` with the same field names as the OpenAI API
 (and llama-cpp-python's extensions: top_k, min_p, repeat_penalty, seed).  One model, one lock:
-requests are served one at a time, streams hold the lock until they end.
+requests are served one at a time (an asyncio lock), streams hold it until they end
+or the client goes away.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import secrets
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, AsyncIterator, Iterator, Optional
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -25,8 +26,8 @@ __all__ = ["create_app", "Metrics"]
 
 _COMMON = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens", "presence_penalty",
            "frequency_penalty", "repeat_penalty", "logit_bias")
-_COMPLETION = _COMMON + ("suffix", "echo")
-_CHAT = _COMMON
+_COMPLETION = _COMMON + ("suffix", "echo", "logprobs")
+_CHAT = _COMMON + ("logprobs", "top_logprobs")
 
 
 class Metrics:
@@ -96,7 +97,13 @@ def _pick(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional[str] = None) -> FastAPI:
     """The app serving one `llama_dflash.highlevel.Llama` (anything with its methods works)."""
     app = FastAPI(title="llama-dflash")
-    lock = threading.Lock()
+    # one model, one request at a time; waiting happens in the event loop, not in worker threads
+    # (blocked workers would starve the thread pool the lock holder needs)
+    locks: dict[int, asyncio.Lock] = {}
+
+    def get_lock() -> asyncio.Lock:
+        return locks.setdefault(id(asyncio.get_running_loop()), asyncio.Lock())
+
     metrics = Metrics()
     algorithm = getattr(getattr(llm, "last_stats", None), "algorithm", "ordinary")
     model_id = model_alias or getattr(llm, "model_path", "model")
@@ -113,38 +120,74 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
                                     status_code=401)
         return await call_next(request)
 
-    def run_locked(fn, kwargs):
-        with lock:
-            try:
-                result = fn(**kwargs)
-            except Exception:
-                metrics.error()
-                raise
-            metrics.record(result.get("speculative", {}))
-            result["model"] = model_id
-            return result
+    def run_blocking(fn, kwargs):
+        try:
+            result = fn(**kwargs)
+        except Exception:
+            metrics.error()
+            raise
+        metrics.record(result.get("speculative", {}))
+        result["model"] = model_id
+        return result
 
-    def stream_locked(fn, kwargs) -> Iterator[bytes]:
-        with lock:
-            chunks = fn(**kwargs)
+    def produce(fn, kwargs) -> Iterator[bytes]:
+        chunks = fn(**kwargs)
+        try:
+            for chunk in chunks:
+                chunk["model"] = model_id
+                if "speculative" in chunk:
+                    metrics.record(chunk["speculative"])
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001 - report in-band, the status line is gone
+            metrics.error()
+            yield f"data: {json.dumps({'error': {'message': str(exc)}})}\n\n".encode()
+        finally:
+            chunks.close()
+
+    async def stream_locked(fn, kwargs) -> AsyncIterator[bytes]:
+        """Drive the (blocking) stream in worker threads; the model lock is held from the first
+        chunk until the stream is finished or the client is gone.  Cleanup runs in a thread: it
+        waits for a step still running, closes the generator (rewinding the caches) and unlocks."""
+        lock = get_lock()
+        await lock.acquire()
+        loop = asyncio.get_running_loop()
+        state: dict[str, Any] = {"it": None}
+        step_lock = threading.Lock()
+
+        def step() -> Optional[bytes]:
+            with step_lock:
+                if state["it"] is None:
+                    state["it"] = produce(fn, kwargs)
+                return next(state["it"], None)
+
+        def cleanup() -> None:
             try:
-                for chunk in chunks:
-                    chunk["model"] = model_id
-                    if "speculative" in chunk:
-                        metrics.record(chunk["speculative"])
-                    yield f"data: {json.dumps(chunk)}\n\n".encode()
-                yield b"data: [DONE]\n\n"
-            except Exception as exc:  # noqa: BLE001 - report in-band, the status line is gone
-                metrics.error()
-                yield f"data: {json.dumps({'error': {'message': str(exc)}})}\n\n".encode()
+                with step_lock:
+                    if state["it"] is not None:
+                        state["it"].close()
             finally:
-                chunks.close()
+                loop.call_soon_threadsafe(lock.release)
+
+        try:
+            while True:
+                item = await asyncio.to_thread(step)
+                if item is None:
+                    break
+                yield item
+        finally:
+            threading.Thread(target=cleanup, name="llama-dflash-stream-cleanup", daemon=True).start()
 
     async def serve(fn, kwargs, stream: bool):
         if stream:
             return StreamingResponse(stream_locked(fn, kwargs), media_type="text/event-stream")
         try:
-            result = await asyncio.to_thread(run_locked, fn, kwargs)
+            lock = get_lock()
+            await lock.acquire()
+            # the lock is released when the work is done, even if this request is cancelled
+            future = asyncio.get_running_loop().run_in_executor(None, run_blocking, fn, kwargs)
+            future.add_done_callback(lambda _f: lock.release())
+            result = await asyncio.shield(future)
         except ValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc
         return JSONResponse(result)

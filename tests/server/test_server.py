@@ -1,0 +1,172 @@
+"""`llama-dflash serve` in a subprocess on 127.0.0.1 with a free port (tiny fixtures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+requests = pytest.importorskip("requests")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from llama_dflash.highlevel import Llama  # noqa: E402
+
+KEY = "test-key-123"
+PROMPTS = ["the quick brown fox", "a b c d", "hello world of the", "the and is of"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target, tiny_draft):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llama_dflash.cli", "serve", "--model", tiny_target, "--draft-model", tiny_draft,
+           "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY, "--n-ctx", "256", "--n-batch", "64",
+           "--n-threads", "1", "--draft-n-max", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise RuntimeError(proc.stdout.read().decode(errors="replace"))
+            try:
+                if requests.get(base + "/health", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("server did not start")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    llm = Llama(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    yield llm
+    llm.close()
+
+
+def _post(base, path, body, key=KEY, **kw):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(base + path, json=body, headers=headers, timeout=60, **kw)
+
+
+def test_api_key_refused(server):
+    body = {"prompt": "a", "max_tokens": 2}
+    assert _post(server, "/v1/completions", body, key=None).status_code == 401
+    assert _post(server, "/v1/completions", body, key="wrong").status_code == 401
+    assert _post(server, "/v1/completions", body).status_code == 200
+
+
+def test_completion_and_chat_match_ordinary(server, reference):
+    r = _post(server, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    ref = reference.create_completion(PROMPTS[0], max_tokens=24, temperature=0)
+    assert data["choices"][0]["text"] == ref["choices"][0]["text"]
+    spec = data["speculative"]
+    assert spec["algorithm"] == "dflash" and spec["generated_tokens"] >= 1 and "acceptance_rate" in spec
+    messages = [{"role": "user", "content": "hi there"}]
+    r = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    ref = reference.create_chat_completion(messages, max_tokens=16, temperature=0)
+    assert r.json()["choices"][0]["message"] == ref["choices"][0]["message"]
+
+
+def _sse(resp) -> list[dict]:
+    events = []
+    for line in resp.iter_lines():
+        if line.startswith(b"data: "):
+            payload = line[6:]
+            if payload == b"[DONE]":
+                events.append("DONE")
+            else:
+                events.append(json.loads(payload))
+    return events
+
+
+def test_streaming(server, reference):
+    body = {"prompt": PROMPTS[2], "max_tokens": 20, "temperature": 0, "stream": True}
+    with _post(server, "/v1/completions", body, stream=True) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _sse(r)
+    assert events[-1] == "DONE"
+    chunks = events[:-1]
+    ref = reference.create_completion(PROMPTS[2], max_tokens=20, temperature=0)["choices"][0]["text"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ref
+    assert "speculative" in chunks[-1]
+    messages = [{"role": "user", "content": "hello"}]
+    with _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 12, "temperature": 0,
+                                                 "stream": True}, stream=True) as r:
+        events = _sse(r)
+    ref = reference.create_chat_completion(messages, max_tokens=12, temperature=0)["choices"][0]["message"]["content"]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == ref
+
+
+def test_concurrent_clients(server, reference):
+    expected = {p: reference.create_completion(p, max_tokens=16, temperature=0)["choices"][0]["text"] for p in PROMPTS}
+
+    def one(i):
+        p = PROMPTS[i % len(PROMPTS)]
+        if i % 2:
+            with _post(server, "/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0, "stream": True},
+                       stream=True) as r:
+                text = "".join(c["choices"][0]["text"] for c in _sse(r)[:-1])
+        else:
+            text = _post(server, "/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0}).json()[
+                "choices"][0]["text"]
+        return p, text
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    for p, text in results:
+        assert text == expected[p]
+
+
+def test_early_closed_stream_then_correct(server, reference):
+    body = {"prompt": PROMPTS[0], "max_tokens": 200, "temperature": 0.8, "stream": True}
+    with _post(server, "/v1/completions", body, stream=True) as r:
+        next(r.iter_lines())
+    ref = reference.create_completion(PROMPTS[3], max_tokens=16, temperature=0)["choices"][0]["text"]
+    r = _post(server, "/v1/completions", {"prompt": PROMPTS[3], "max_tokens": 16, "temperature": 0})
+    assert r.json()["choices"][0]["text"] == ref
+
+
+def test_metrics(server):
+    _post(server, "/v1/completions", {"prompt": "a b", "max_tokens": 4, "temperature": 0})
+    r = requests.get(server + "/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    values = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "rollbacks_total",
+                 "requests_total", "generated_tokens_total"):
+        assert f"llama_dflash_{name}" in values
+    assert values["llama_dflash_requests_total"] >= 1
+    assert values["llama_dflash_generated_tokens_total"] >= 4
+    assert values["llama_dflash_tokens_per_second"] > 0
+
+
+def test_bad_requests(server):
+    assert _post(server, "/v1/chat/completions", {"messages": []}).status_code == 400
+    assert _post(server, "/v1/completions", {"prompt": "a", "logprobs": 2}).status_code == 400
