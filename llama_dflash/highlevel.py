@@ -20,8 +20,8 @@ Sampling: the engine samples every verified row with the same `Sampler` that ord
 uses and accepts a draft token only while the sample equals it, so outputs are distributed exactly
 as with ordinary decoding (see `llama_dflash.sampling`).  Supported: temperature, top_k, top_p,
 min_p, repeat/presence/frequency penalties (llama.cpp semantics, last 64 generated tokens), seed,
-logit_bias / logits processors.  Not supported (ValueError): grammar, mirostat, stopping_criteria,
-logprobs.  typical_p and tfs_z are ignored.
+logit_bias / logits processors, stopping criteria on token ids (they get an empty scores row).
+Not supported (ValueError): grammar, mirostat, logprobs.  typical_p and tfs_z are ignored.
 
 Only one generation runs at a time on one object: starting a new one closes a still-open
 previous generator first (so an abandoned stream cannot rewind the caches under the new one).
@@ -186,8 +186,6 @@ class Llama(llama_cpp.Llama):
             raise ValueError("grammars are not supported with llama_dflash.Llama")
         if mirostat_mode:
             raise ValueError("mirostat sampling is not supported with llama_dflash.Llama")
-        if stopping_criteria:
-            raise ValueError("stopping_criteria are not supported with llama_dflash.Llama")
         prompt = [int(t) for t in tokens]
         params = self.sampling_params(
             temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -196,15 +194,29 @@ class Llama(llama_cpp.Llama):
         )
         # unbounded like llama_cpp.Llama.generate (up to the context size): _create_completion
         # sometimes asks for one more token than max_tokens (incomplete UTF-8 at the end)
-        return self._run(prompt, params, self.n_ctx() - len(prompt))
+        return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria)
 
-    def _run(self, prompt: list[int], params: SamplingParams, limit: int) -> Iterator[int]:
+    def _run(self, prompt: list[int], params: SamplingParams, limit: int,
+             stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None) -> Iterator[int]:
         self._close_active()  # an abandoned generator must not rewind the caches under this one
         inner = self._engine.stream(prompt, max(0, limit), params, ignore_eos=True)
         self._active = inner
         self.last_stats = self._engine.last_stats
+        # input_ids/n_tokens mirror the sequence, as llama_cpp.Llama keeps them (stopping criteria
+        # and _create_completion read them); scores are not kept: criteria get an empty row
+        n = len(prompt)
+        self.input_ids[:n] = prompt
+        self.n_tokens = n
+        no_scores = np.zeros(0, dtype=np.single)
         try:
-            yield from inner
+            for tok in inner:
+                if n < self.input_ids.shape[0]:
+                    self.input_ids[n] = tok
+                    n += 1
+                    self.n_tokens = n
+                if stopping_criteria is not None and stopping_criteria(self.input_ids[:n], no_scores):
+                    return
+                yield tok
         finally:
             inner.close()
             if self._active is inner:
