@@ -134,3 +134,17 @@ def test_unsupported_options_refused(spec):
         spec.create_completion("a", max_tokens=2, logprobs=2)
     with pytest.raises(ValueError):
         Llama(spec.model_path, logits_all=True, n_ctx=64)
+
+
+def test_stopping_criteria_like_llama_cpp(plain, spec):
+    """Chat templates from GGUF metadata stop on token ids through a StoppingCriteria."""
+    toks = plain.tokenize(PROMPTS[0].encode())
+    g = plain.generate(toks, temp=0)
+    greedy = [next(g) for _ in range(8)]
+    g.close()
+    stop_id = greedy[5]
+    crit = llama_cpp.StoppingCriteriaList([lambda ids, logits: int(ids[-1]) == stop_id])
+    ref = plain.create_completion(toks, max_tokens=8, temperature=0, stopping_criteria=crit)
+    out = spec.create_completion(toks, max_tokens=8, temperature=0, stopping_criteria=crit)
+    assert out["choices"][0]["text"] == ref["choices"][0]["text"]
+    assert out["choices"][0]["finish_reason"] == ref["choices"][0]["finish_reason"] == "stop"
