@@ -105,7 +105,8 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
         return locks.setdefault(id(asyncio.get_running_loop()), asyncio.Lock())
 
     metrics = Metrics()
-    algorithm = getattr(getattr(llm, "last_stats", None), "algorithm", "ordinary")
+    engine = getattr(llm, "engine", None)
+    algorithm = "ordinary" if getattr(llm, "speculative", None) is None else getattr(engine, "algorithm", "dflash")
     model_id = model_alias or getattr(llm, "model_path", "model")
     app.state.metrics = metrics
     app.state.llm = llm

@@ -170,3 +170,17 @@ def test_metrics(server):
 def test_bad_requests(server):
     assert _post(server, "/v1/chat/completions", {"messages": []}).status_code == 400
     assert _post(server, "/v1/completions", {"prompt": "a", "logprobs": 2}).status_code == 400
+
+
+def test_metrics_label_ordinary(tiny_target):
+    from llama_dflash.server.app import create_app
+    from starlette.testclient import TestClient
+
+    llm = Llama(tiny_target, n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    try:
+        client = TestClient(create_app(llm))
+        r = client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["speculative"]["algorithm"] == "ordinary"
+        assert 'algorithm="ordinary"' in client.get("/metrics").text
+    finally:
+        llm.close()
