@@ -29,12 +29,16 @@ class SpecConfig:
 
     draft_model: str
     algorithm: str = "auto"
-    draft_n_max: int = 7
+    draft_n_max: int | str = 7  # or "auto": adaptive length, the draft's block as the ceiling
     draft_n_min: int = 0
     draft_p_min: float = 0.0
     backend_sampling: bool = True
     draft_n_gpu_layers: int = -1
     draft_n_threads: Optional[int] = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.draft_n_max == "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.draft_model, (str, os.PathLike)) or not os.fspath(self.draft_model):
@@ -42,9 +46,12 @@ class SpecConfig:
         self.draft_model = os.fspath(self.draft_model)
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {self.algorithm!r}")
-        _check_int("draft_n_max", self.draft_n_max, 1)
+        if self.draft_n_max != "auto":
+            if isinstance(self.draft_n_max, str):
+                raise ValueError(f"draft_n_max must be an integer >= 1 or 'auto', not {self.draft_n_max!r}")
+            _check_int("draft_n_max", self.draft_n_max, 1)
         _check_int("draft_n_min", self.draft_n_min, 0)
-        if self.draft_n_min > self.draft_n_max:
+        if self.draft_n_max != "auto" and self.draft_n_min > self.draft_n_max:
             raise ValueError(
                 f"draft_n_min ({self.draft_n_min}) must not exceed draft_n_max ({self.draft_n_max})"
             )

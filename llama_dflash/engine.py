@@ -6,6 +6,7 @@ from typing import Iterator, Optional, Sequence
 
 from . import _bindings as ext
 from ._llama import Model, set_verbose
+from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
 from .inspect import DraftInfo, GGUFInfo, read_gguf, validate_pair, validate_target
@@ -119,14 +120,15 @@ class LlamaDFlashDecoding(_Decoder):
         self.target = None  # type: ignore[assignment]
         self.proposer: Optional[Proposer] = None
         try:
-            n_max = min(spec.draft_n_max, self.draft_info.max_draft_tokens)
             self.target = TargetContext(
                 self._model, target, extract_layers=self.draft_info.target_layers,
                 n_outputs_max_per_seq=0,
             )
             self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
             self.proposer = self._dflash
-            assert self._dflash.n_max == n_max
+            # one controller per engine: repeated generations start with warm cost/acceptance models
+            self._auto_controller: Optional[AdaptiveController] = None
+            self.controller: Optional[AdaptiveController] = self._adaptive() if spec.adaptive else None
         except BaseException:
             self.close()
             raise
@@ -135,19 +137,30 @@ class LlamaDFlashDecoding(_Decoder):
     def draft_n_max(self) -> int:
         return self._dflash.n_max
 
-    def set_draft_n_max(self, n: int) -> int:
-        """Change the draft length of later generations (clamped to the block); returns it."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"draft_n_max must be an integer >= 1, not {n!r}")
-        self._dflash.n_max = self._dflash._clamp_n_max(n)
+    def _adaptive(self) -> AdaptiveController:
+        if self._auto_controller is None:
+            self._auto_controller = AdaptiveController(self.draft_info.max_draft_tokens)
+        return self._auto_controller
+
+    def set_draft_n_max(self, n: "int | str") -> "int | str":
+        """Change the draft length of later generations: an integer (clamped to the block) or
+        "auto" (the adaptive controller, with the block as ceiling); returns what is used."""
+        if n == "auto":
+            self._dflash.n_max = self.draft_info.max_draft_tokens
+            self.controller = self._adaptive()
+        else:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"draft_n_max must be an integer >= 1 or 'auto', not {n!r}")
+            self._dflash.n_max = self._dflash._clamp_n_max(n)
+            self.controller = None
         self._dflash.n_min = min(self.spec.draft_n_min, self._dflash.n_max)
-        return self._dflash.n_max
+        return "auto" if self.controller is not None else self._dflash.n_max
 
     def _new_stats(self) -> SpecStats:
         return SpecStats(
             algorithm=self.algorithm,
-            draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else min(
-                self.spec.draft_n_max, self.draft_info.max_draft_tokens),
+            draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else self.draft_info.max_draft_tokens,
+            adaptive=getattr(self, "controller", None) is not None,
             backend_sampling_requested=self.spec.backend_sampling,
             backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
         )
@@ -183,6 +196,11 @@ class LlamaDFlashDecoding(_Decoder):
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
         self._dflash.stats = stats
+        if controller is None:
+            controller = self.controller
+        if isinstance(controller, AdaptiveController):
+            controller.stats = stats
+            stats.adaptive = True
         return speculative_generate(self.target, self.proposer, list(prompt), max_tokens,
                                     self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
                                     controller=controller)

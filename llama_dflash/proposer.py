@@ -67,7 +67,7 @@ class DFlashProposer:
         self.stats = stats
         self.target = target
         self.model = Model(info.path, n_gpu_layers=spec.draft_n_gpu_layers, repack=target.model.repack)
-        self.n_max = self._clamp_n_max(spec.draft_n_max)
+        self.n_max = info.max_draft_tokens if spec.adaptive else self._clamp_n_max(spec.draft_n_max)
         self.n_min = min(spec.draft_n_min, self.n_max)
         self.p_min = spec.draft_p_min
         self.mask = info.mask_token_id

@@ -39,6 +39,11 @@ class SpecStats:
     backend_sampling_active: bool = False
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
+    # adaptive draft length (draft_n_max="auto")
+    adaptive: bool = False
+    chosen_draft_tokens: dict[str, int] = field(default_factory=dict)  # k -> steps that drafted k
+    ordinary_steps: int = 0  # steps the controller decoded without a draft
+    cost_curve: dict[str, float] = field(default_factory=dict)  # k -> measured seconds per step
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -98,6 +103,12 @@ class SpecStats:
                 mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
+        self.ordinary_steps += other.ordinary_steps
+        self.adaptive |= other.adaptive
+        for k, v in other.chosen_draft_tokens.items():
+            self.chosen_draft_tokens[k] = self.chosen_draft_tokens.get(k, 0) + v
+        if other.cost_curve:
+            self.cost_curve = dict(other.cost_curve)
         self.backend_sampling_requested |= other.backend_sampling_requested
         self.backend_sampling_active |= other.backend_sampling_active
 

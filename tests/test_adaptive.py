@@ -1,0 +1,160 @@
+"""The adaptive draft-length controller: deterministic with injected costs, correct end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import PROMPT_TEXT
+from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig
+from llama_dflash.adaptive import AcceptanceModel, AdaptiveController, CostModel, FixedCosts
+from llama_dflash.proposer import ScriptedProposer
+
+CPU = FixedCosts(verify=lambda k: 0.010 + 0.006 * k, draft=lambda k: 0.004 + 0.0007 * k)  # DESIGN.md's curve
+GPU = FixedCosts(verify=lambda k: 0.010 + 0.0002 * k, draft=lambda k: 0.001 + 0.0001 * k)
+
+
+def _feed(ctl: AdaptiveController, profile: list[float], steps: int = 400) -> None:
+    """Observe `steps` full-length drafts whose slots are accepted with conditional probs `profile`."""
+    import random
+
+    rnd = random.Random(0)
+    for _ in range(steps):
+        n = 0
+        while n < len(profile) and rnd.random() < profile[n]:
+            n += 1
+        ctl.observe(len(profile), n, 0.0, 0.0)
+
+
+def _brute_force(costs: FixedCosts, profile: list[float]) -> int:
+    def rate(k):
+        total, run = 1.0, 1.0
+        for p in profile[:k]:
+            run *= p
+            total += run
+        return total / (costs.verify_time(k) + costs.draft_time(k))
+
+    return max(range(len(profile) + 1), key=rate)
+
+
+@pytest.mark.parametrize("costs,profile", [
+    (CPU, [0.95] * 7),
+    (CPU, [0.6] * 7),
+    (CPU, [0.9, 0.9, 0.5, 0.3, 0.2, 0.1, 0.1]),
+    (GPU, [0.9] * 7),
+    (GPU, [0.5, 0.4, 0.3, 0.2, 0.2, 0.2, 0.2]),
+    (GPU, [0.05] * 7),
+])
+def test_picks_the_known_optimum(costs, profile):
+    ctl = AdaptiveController(7, costs)
+    ctl.acceptance = AcceptanceModel(7, decay=0.999)
+    _feed(ctl, profile, 3000)
+    expected = _brute_force(costs, [ctl.acceptance.p(i) for i in range(7)])
+    assert ctl.best_k(7) == expected
+    # and the estimated acceptance is close to the scripted one
+    for i, p in enumerate(profile):
+        if ctl.acceptance.trials[i] > 50:
+            assert abs(ctl.acceptance.p(i) - p) < 0.08
+
+
+def test_cpu_curve_never_drafts_one_token():
+    # on this curve k=1 costs 1.64 decodes plus a draft: even perfect acceptance cannot pay it back
+    ctl = AdaptiveController(7, CPU)
+    _feed(ctl, [1.0] * 7, 200)
+    assert ctl.best_k(1) == 0
+    assert ctl.best_k(7) >= 6
+
+
+def test_falls_back_to_ordinary_and_probes_rarely():
+    ctl = AdaptiveController(7, CPU)
+    chosen = []
+    for _ in range(300):
+        k = ctl.choose(7)
+        chosen.append(k)
+        ctl.observe(k, 0, 0.0, 0.0)  # nothing is ever accepted
+    tail = chosen[50:]
+    assert tail.count(0) / len(tail) > 0.95
+    assert 0 < sum(1 for k in tail if k) <= 8  # probes with exponential back-off
+    assert max(tail) <= ctl.probe_tokens
+
+
+def test_resumes_when_drafts_start_matching():
+    ctl = AdaptiveController(7, CPU)
+    for _ in range(200):
+        k = ctl.choose(7)
+        ctl.observe(k, 0, 0.0, 0.0)
+    assert ctl.best_k(7) == 0
+    resumed_at = None
+    for step in range(400):
+        k = ctl.choose(7)
+        ctl.observe(k, k, 0.0, 0.0)  # every drafted token is accepted now
+        if k >= 4 and resumed_at is None:
+            resumed_at = step
+    assert resumed_at is not None and resumed_at < 300
+    assert ctl.best_k(7) >= 6  # 6 and 7 are within the prior's pull of each other
+
+
+def test_cost_model_fits_unmeasured_lengths():
+    cm = CostModel()
+    for _ in range(5):
+        cm.observe(0, 0.0, 0.010)
+        cm.observe(6, 0.006, 0.046)
+    assert cm.verify_time(3) == pytest.approx(0.028, rel=1e-6)
+    assert cm.draft_time(0) == 0.0
+    # noise never makes a longer block look cheaper (the fitted slope is clamped at >= 0)
+    cm2 = CostModel()
+    cm2.observe(0, 0.0, 0.02)
+    cm2.observe(4, 0.001, 0.01)
+    assert cm2.verify_time(4) >= cm2.verify_time(0) - 1e-12
+
+
+def test_auto_config_and_stats(tiny_config, tiny_draft):
+    with pytest.raises(ValueError, match="or 'auto'"):
+        SpecConfig(tiny_draft, draft_n_max="fast")
+    with OrdinaryDecoding(tiny_config) as o:
+        prompt = o.tokenize(PROMPT_TEXT)
+        ref = o.generate(prompt, 120, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max="auto")) as eng:
+        assert eng.draft_n_max == 15
+        first = eng.generate(prompt, 120, ignore_eos=True)
+        second = eng.generate(prompt, 120, ignore_eos=True)
+    assert first.tokens == ref and second.tokens == ref
+    for res in (first, second):
+        s = res.stats
+        assert s.adaptive
+        # every step is chosen by the controller except a last one with no room left to draft
+        assert s.verification_steps - 1 <= sum(s.chosen_draft_tokens.values()) <= s.verification_steps
+        assert s.ordinary_steps == s.chosen_draft_tokens.get("0", 0)
+        assert s.cost_curve
+    # the controller is kept: the second call starts warm and mostly decodes ordinarily (random draft)
+    assert second.stats.ordinary_steps > 0.8 * second.stats.verification_steps
+
+
+def test_greedy_output_identical_through_every_switch(tiny_config, tiny_draft):
+    with OrdinaryDecoding(tiny_config) as o:
+        prompt = o.tokenize(PROMPT_TEXT)
+        ref = o.generate(prompt, 180, ignore_eos=True).tokens
+    seq = prompt + ref
+
+    def script(n_past, n):
+        generated = n_past + 1 - len(prompt)
+        good = (generated // 40) % 2 == 1  # alternate 40-token stretches of garbage and of the truth
+        block = seq[n_past + 1 : n_past + 1 + n]
+        return block if good else [(t + 3) % 300 + 1 for t in block]
+
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max="auto")) as eng:
+        eng.controller.costs = CPU  # a known curve: drafting pays only with long accepted runs
+        eng.use_proposer(ScriptedProposer(eng._dflash, script))
+        res = eng.generate(prompt, 180, ignore_eos=True)
+    assert res.tokens == ref
+    s = res.stats
+    assert s.ordinary_steps > 0 and s.accepted > 20
+    assert any(int(k) >= 4 for k in s.chosen_draft_tokens)
+
+
+def test_set_draft_n_max_switches_modes(tiny_config, tiny_draft):
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=3)) as eng:
+        assert eng.controller is None
+        assert eng.set_draft_n_max("auto") == "auto" and eng.controller is not None
+        assert eng.set_draft_n_max(5) == 5 and eng.controller is None
+        with pytest.raises(ValueError):
+            eng.set_draft_n_max(0)
