@@ -8,7 +8,18 @@ from .stats import SpecStats
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # the llama_cpp.Llama subclass is imported on first use only
+    if name == "Llama":
+        from .highlevel import Llama
+
+        return Llama
+    raise AttributeError(f"module 'llama_dflash' has no attribute {name!r}")
+
+
 __all__ = [
+    "Llama",
     "SpecConfig",
     "TargetConfig",
     "LlamaDFlashDecoding",
