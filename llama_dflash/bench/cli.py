@@ -33,7 +33,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model)")
     m.add_argument("--algorithm", choices=("auto", "dflash", "dspark"), default="auto")
     d = p.add_argument_group("drafting")
-    d.add_argument("--draft-tokens", type=int, default=7, help="draft_n_max (clamped to the draft's block)")
+    d.add_argument("--draft-tokens", type=_draft_tokens, default=7,
+                   help="draft_n_max (clamped to the draft's block), or 'auto' for the adaptive controller")
     d.add_argument("--draft-n-min", type=int, default=0)
     d.add_argument("--draft-p-min", type=float, default=0.0)
     d.add_argument("--no-backend-sampling", action="store_true")
@@ -53,8 +54,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--n-gpu-layers", type=int, default=-1)
     w = p.add_argument_group("sweeps and workloads")
-    w.add_argument("--sweep-draft-tokens", type=_int_list, metavar="K,K,...",
-                   help="compare these draft lengths (e.g. 1,2,3,4,5,6,7,8)")
+    w.add_argument("--sweep-draft-tokens", type=_draft_list, metavar="K,K,...",
+                   help="compare these draft lengths (e.g. 1,2,3,4,5,6,7,8,auto)")
     w.add_argument("--sweep-max-tokens", type=_int_list, metavar="N,N,...",
                    help="compare these generation lengths (e.g. 512,1024,2048)")
     w.add_argument("--workload", choices=(*WORKLOADS, "all"), help="built-in prompt set(s) instead of --prompt")
@@ -67,6 +68,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     o.add_argument("--plot", metavar="PATH.png", help="plot throughput/acceptance vs draft length (sweeps)")
     o.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     o.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def _draft_tokens(text: str) -> "int | str":
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', not {text!r}") from None
+
+
+def _draft_list(text: str) -> list:
+    values = [_draft_tokens(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one draft length")
+    return values
 
 
 def _int_list(text: str) -> list[int]:
@@ -218,7 +235,8 @@ def _run_single(args: argparse.Namespace) -> int:
     data = result.to_dict()
     if args.cpp_reference:
         text, data["cpp_reference"] = _cpp_block(args, cfg.target, cfg.spec, cfg.prompt, cfg.max_tokens,
-                                                 result.draft_n_max, result.speculative.aggregate_tokens_per_second)
+                                                 result.draft_n_max if isinstance(result.draft_n_max, int) else 7,
+                                                 result.speculative.aggregate_tokens_per_second)
         summary += "\n\n" + text
     print(summary)
     if args.json:
@@ -257,8 +275,9 @@ def _run_sweep(args: argparse.Namespace) -> int:
     best = first.best_draft_tokens or max(first.speculative,
                                           key=lambda k: first.speculative[k].aggregate_tokens_per_second)
     if args.cpp_reference:
+        fixed = best if isinstance(best, int) else max((k for k in first.speculative if isinstance(k, int)), default=7)
         text, data["cpp_reference"] = _cpp_block(
-            args, cfg.target, cfg.spec, next(iter(cfg.workloads.values()))[0], first.max_tokens, best,
+            args, cfg.target, cfg.spec, next(iter(cfg.workloads.values()))[0], first.max_tokens, fixed,
             first.speculative[best].aggregate_tokens_per_second)
         summary += "\n\n" + text + "\n  (first prompt of the first workload only; ours over the whole workload)"
     print(summary)

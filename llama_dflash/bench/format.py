@@ -56,6 +56,14 @@ def format_result(res: BenchResult) -> str:
             f"  process phase       : {s.process_seconds:.3f} s",
             f"  loop overhead       : {1000 * s.overhead_seconds / steps:.3f} ms/step",
         ]
+        if s.adaptive:
+            hist = ", ".join(f"{k}:{v}" for k, v in sorted(s.chosen_draft_tokens.items(), key=lambda kv: int(kv[0])))
+            curve = ", ".join(f"{k}:{1000 * v:.1f}" for k, v in sorted(s.cost_curve.items(), key=lambda kv: int(kv[0])))
+            lines += [
+                f"  chosen draft tokens : {hist}",
+                f"  ordinary steps      : {s.ordinary_steps} of {s.verification_steps}",
+                f"  cost curve (ms/step): {curve}",
+            ]
     lines.append("")
     div = res.first_divergence
     change = (res.speedup - 1.0) * 100

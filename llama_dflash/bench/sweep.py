@@ -36,7 +36,7 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if not self.workloads or any(not p for p in self.workloads.values()):
             raise ValueError("every workload needs at least one prompt")
-        if not self.draft_tokens or any(k < 1 for k in self.draft_tokens):
+        if not self.draft_tokens or any(k != "auto" and (not isinstance(k, int) or k < 1) for k in self.draft_tokens):
             raise ValueError(f"--sweep-draft-tokens values must be >= 1, not {self.draft_tokens}")
         if not self.max_tokens or any(n < 1 for n in self.max_tokens):
             raise ValueError(f"--sweep-max-tokens values must be >= 1, not {self.max_tokens}")
@@ -51,7 +51,7 @@ class SweepCell:
     workload: str
     max_tokens: int
     ordinary: ModeResult
-    speculative: dict[int, ModeResult]  # draft tokens actually used -> result
+    speculative: dict  # draft tokens actually used (int or "auto") -> result
 
     def speedup(self, k: int) -> float:
         base = self.ordinary.aggregate_tokens_per_second
@@ -161,7 +161,7 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
         spec_dec.generate(first, cfg.warmup_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
         tick()
     # clamp once so that duplicates (e.g. 8 and 16 on a block of 8) are measured once
-    ks = sorted({spec_dec.set_draft_n_max(k) for k in cfg.draft_tokens})
+    ks = sorted({spec_dec.set_draft_n_max(k) for k in cfg.draft_tokens}, key=lambda k: (k == "auto", str(k).zfill(4)))
     cells: list[SweepCell] = []
     for name, prompts in encoded.items():
         for max_tokens in cfg.max_tokens:
