@@ -24,6 +24,7 @@ class Sequence_:
     tokens: np.ndarray  # int32 [L]
     prompt_len: int
     offset: int  # first row in features.f16
+    prompt_sha: str = ""
 
 
 class FeatureCache:
@@ -41,13 +42,19 @@ class FeatureCache:
                 for line in f:
                     if line.strip():
                         o = json.loads(line)
-                        self.seqs.append(Sequence_(np.asarray(o["tokens"], dtype=np.int64), o["prompt_len"], o["offset"]))
+                        self.seqs.append(Sequence_(np.asarray(o["tokens"], dtype=np.int64), o["prompt_len"], o["offset"],
+                                                   o.get("prompt_sha", "")))
         self.n_rows = sum(len(s.tokens) for s in self.seqs)
         fpath = os.path.join(root, "features.f16")
         if self.n_rows:
             self.features = np.memmap(fpath, dtype=np.float16, mode="r", shape=(self.n_rows, self.width))
         else:
             self.features = np.zeros((0, self.width), dtype=np.float16)
+
+    def truncate(self, n: int) -> None:
+        """Use only the first n sequences (the file is left as it is)."""
+        self.seqs = self.seqs[:n]
+        self.n_rows = sum(len(s.tokens) for s in self.seqs)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -72,6 +79,10 @@ def extract_features(target, tokens: Sequence[int]) -> np.ndarray:
         target.decode(chunk, start, logits="none")
         out.append(target.layer_features())
     return np.concatenate(out, axis=0)
+
+
+def _prompt_sha(p: str) -> str:
+    return hashlib.sha256(p.encode("utf-8")).hexdigest()[:12]
 
 
 def _fingerprint(d: dict) -> str:
@@ -113,16 +124,20 @@ def build_cache(
     if os.path.isfile(mpath):
         with open(mpath, encoding="utf-8") as f:
             old = json.load(f)
-        if {k: old.get(k) for k in meta} != meta:
+        keys = [k for k in meta if k != "prompts"]  # fewer or more prompts of the same list resume fine
+        if any(old.get(k) != meta[k] for k in keys):
             raise ValueError(
                 f"the features cache in {root} was made with other settings "
-                f"({', '.join(k for k in meta if old.get(k) != meta[k])} differ); use another --workdir"
+                f"({', '.join(k for k in keys if old.get(k) != meta[k])} differ); use another --workdir"
             )
     else:
         with open(mpath, "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1)
 
     cache = FeatureCache(root)
+    for k, sq in enumerate(cache.seqs[: len(prompts)]):
+        if sq.prompt_sha and sq.prompt_sha != _prompt_sha(prompts[k]):
+            raise ValueError(f"the features cache in {root} holds other prompts (sequence {k}); use another --workdir")
     done = len(cache)
     fpath = os.path.join(root, "features.f16")
     # drop a partially written tail
@@ -130,6 +145,7 @@ def build_cache(
         with open(fpath, "r+b") as f:
             f.truncate(cache.n_rows * width * 2)
     if done >= len(prompts):
+        cache.truncate(len(prompts))
         return cache
 
     cfg = TargetConfig(model=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed)
@@ -153,7 +169,8 @@ def build_cache(
                 feats = extract_features(tgt, toks).astype(np.float16)
                 ff.write(feats.tobytes())
                 ff.flush()
-                fs.write(json.dumps({"tokens": [int(t) for t in toks], "prompt_len": len(ptoks), "offset": offset}) + "\n")
+                fs.write(json.dumps({"tokens": [int(t) for t in toks], "prompt_len": len(ptoks), "offset": offset,
+                                     "prompt_sha": _prompt_sha(prompts[i])}) + "\n")
                 fs.flush()
                 offset += len(toks)
                 if bar is not None:

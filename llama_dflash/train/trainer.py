@@ -161,7 +161,7 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
-        lv = float(loss)
+        lv = float(loss.detach())
         ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
         ema_acc = acc if ema_acc is None else 0.95 * ema_acc + 0.05 * acc
         if bar is not None:

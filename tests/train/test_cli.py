@@ -1,0 +1,63 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llama_dflash.writer import write_tiny_target
+
+
+def _train(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "train", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_trained_draft_on_predictable_target_reaches_high_acceptance(cycle_target, tmp_path):
+    prompts = tmp_path / "p.txt"
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    prompts.write_text("\n".join(" ".join(letters[(i + k) % 26] for k in range(3)) for i in range(26)) + "\n")
+    out = tmp_path / "draft.gguf"
+    r = _train("--model", cycle_target, "--output", str(out), "--prompts", str(prompts), "--n-prompts", "24",
+               "--eval-prompts", "2", "--max-new-tokens", "40", "--block-size", "4", "--steps", "300",
+               "--batch-size", "4", "--anchors-per-seq", "8", "--lr", "1e-2", "--threads", "1",
+               "--workdir", str(tmp_path / "w"), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert out.is_file()
+    assert rep["parity"]["agreement"] >= 0.99
+    acc = rep["eval"]["acceptance_per_position"]
+    assert len(acc) == 3 and min(acc) >= 0.85, rep["eval"]
+    assert rep["eval"]["mean_accepted_length"] >= 2.3
+    assert json.load(open(tmp_path / "w" / "report.json"))["mask_token"] == "<mask>"
+
+
+@pytest.fixture(scope="module")
+def gemma_like(tmp_path_factory):
+    return write_tiny_target(str(tmp_path_factory.mktemp("g") / "g.gguf"), arch="gemma3")
+
+
+def test_unsupported_target(gemma_like, tmp_path):
+    r = _train("--model", gemma_like, "--output", str(tmp_path / "o.gguf"))
+    assert r.returncode == 2 and "gemma3" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_layer_out_of_range(tiny_target, tmp_path):
+    r = _train("--model", tiny_target, "--output", str(tmp_path / "o.gguf"), "--target-layers", "1,9")
+    assert r.returncode == 2 and "out of range" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_empty_prompt_file(tiny_target, tmp_path):
+    p = tmp_path / "empty.txt"
+    p.write_text("\n\n")
+    r = _train("--model", tiny_target, "--output", str(tmp_path / "o.gguf"), "--prompts", str(p))
+    assert r.returncode == 2 and "no prompts" in r.stderr
+
+
+def test_unwritable_output(tiny_target, tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    r = _train("--model", tiny_target, "--output", str(f / "o.gguf"))
+    assert r.returncode == 2 and "not writable" in r.stderr
+    r = _train("--model", tiny_target, "--output", str(tmp_path))
+    assert r.returncode == 2 and "directory" in r.stderr
