@@ -32,7 +32,7 @@ def main() -> None:
 
     path = smollm2_path()
     draft = random_draft_for(path)
-    tcfg = TargetConfig(path, n_ctx=1024, n_batch=64, n_threads=args.threads)
+    tcfg = TargetConfig(path, n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=args.threads)
     ks: list = [int(k) for k in args.ks.split(",")] + ["auto"]
     names = ["ordinary"] + [f"k={k}" for k in ks]
     engines = {"ordinary": OrdinaryDecoding(tcfg)}
