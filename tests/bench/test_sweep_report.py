@@ -132,7 +132,7 @@ def test_bad_prompt_file_exit_2(tmp_path, tiny_target, tiny_draft, content, need
 
 @pytest.mark.parametrize("args,needle", [
     (["--plot", "x.png"], "--plot draws a sweep"),
-    (["--sweep-draft-tokens", "1,x"], "comma-separated integers"),
+    (["--sweep-draft-tokens", "1,x"], "expected an integer or 'auto'"),
     (["--sweep-draft-tokens", "0,2"], "values must be >= 1"),
     (["--workload", "poetry"], "invalid choice"),
     (["--cpp-reference", "/nonexistent/llama-speculative-simple"], "not an executable file"),
