@@ -159,7 +159,7 @@ def test_cli_exits_2_with_one_line(broken, tiny_target, tiny_draft, key, needle)
     (["--draft-tokens", "0"], "draft_n_max must be >= 1"),
     (["--draft-p-min", "1.5"], "draft_p_min must be in [0, 1]"),
     (["--n-ubatch", "1024", "--n-batch", "512"], "n_ubatch (1024) must not exceed n_batch"),
-    (["--draft-tokens", "x"], "invalid int value"),
+    (["--draft-tokens", "x"], "expected an integer or 'auto'"),
     (["--algorithm", "medusa"], "invalid choice"),
     (["--json", "/nonexistent-dir/out.json"], "does not exist"),
 ])
