@@ -66,7 +66,7 @@ def main() -> None:
             if name == "k=auto":
                 note = (f"hist={st.chosen_draft_tokens} "
                         f"ordinary_steps={getattr(st, 'ordinary_steps', None)}")
-            print(f"{pname:<11} {name:<9} {tps:7.2f} {tps / base:6.3f} {str(all(x[1] for x in rows)):>5}  {note}")
+            print(f"{pname:<11} {name:<9} {tps:7.2f} {(tps / base if base else float('nan')):6.3f} {str(all(x[1] for x in rows)):>5}  {note}")
     for e in engines.values():
         e.close()
 
