@@ -90,12 +90,8 @@ def test_all_accepted_lengths_seen(tiny_config, tiny_draft, reference):
     n_max = 4
     seen = set()
 
-    class Recording(ScriptedProposer):
-        pass
-
     with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=n_max)) as eng:
-        eng.use_proposer(Recording(eng._dflash, _script_from_reference(prompt, ref, lambda i, n: i % (n_max + 1))))
-        stats_prev = [0]
+        eng.use_proposer(ScriptedProposer(eng._dflash, _script_from_reference(prompt, ref, lambda i, n: i % (n_max + 1))))
 
         class Ctl:
             def choose(self, n_limit):
@@ -108,7 +104,6 @@ def test_all_accepted_lengths_seen(tiny_config, tiny_draft, reference):
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True, controller=Ctl())
         assert res.tokens == ref
         assert seen == set(range(n_max + 1))
-        del stats_prev
 
 
 def test_repeated_runs_identical(tiny_config, tiny_draft, reference):
