@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS"]
+__all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS", "ROLLBACK_MODES"]
 
 ALGORITHMS = ("auto", "dflash", "dspark")
+ROLLBACK_MODES = ("auto", "native", "checkpoint")
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: Optional[int] = None) -> None:
@@ -35,6 +36,8 @@ class SpecConfig:
     backend_sampling: bool = True
     draft_n_gpu_layers: int = -1
     draft_n_threads: Optional[int] = None
+    # recurrent/hybrid targets: "auto", "native" (n_rs_seq snapshots) or "checkpoint" (see rewind)
+    rollback: str = "auto"
 
     @property
     def adaptive(self) -> bool:
@@ -63,6 +66,8 @@ class SpecConfig:
         if not isinstance(self.backend_sampling, bool):
             raise ValueError(f"backend_sampling must be True or False, not {self.backend_sampling!r}")
         _check_int("draft_n_gpu_layers", self.draft_n_gpu_layers, -1)
+        if self.rollback not in ROLLBACK_MODES:
+            raise ValueError(f"rollback must be one of {', '.join(ROLLBACK_MODES)}, not {self.rollback!r}")
         if self.draft_n_threads is not None:
             _check_int("draft_n_threads", self.draft_n_threads, 1)
 

@@ -11,6 +11,7 @@ from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
 from .inspect import DraftInfo, GGUFInfo, read_gguf, validate_pair, validate_target
 from .proposer import DFlashProposer, Proposer
+from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats
 from .target import TargetContext
@@ -120,12 +121,17 @@ class LlamaDFlashDecoding(_Decoder):
         self.target = None  # type: ignore[assignment]
         self.proposer: Optional[Proposer] = None
         try:
+            # recurrent state snapshots for native rollback are sized when the context is made
+            recurrent = is_recurrent_model(self._model)
+            n_rs_seq = (native_depth_needed(self.draft_info.max_draft_tokens)
+                        if recurrent and spec.rollback != "checkpoint" else 0)
             self.target = TargetContext(
                 self._model, target, extract_layers=self.draft_info.target_layers,
-                n_outputs_max_per_seq=0,
+                n_rs_seq=n_rs_seq, n_outputs_max_per_seq=0,
             )
             self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
             self.proposer = self._dflash
+            self.rewinder: Rewinder = make_rewinder(self.target, self.last_stats, spec.rollback)
             # one controller per engine: repeated generations start with warm cost/acceptance models
             self._auto_controller: Optional[AdaptiveController] = None
             self.controller: Optional[AdaptiveController] = self._adaptive() if spec.adaptive else None
@@ -163,6 +169,7 @@ class LlamaDFlashDecoding(_Decoder):
             adaptive=getattr(self, "controller", None) is not None,
             backend_sampling_requested=self.spec.backend_sampling,
             backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
+            rollback_mode=getattr(getattr(self, "rewinder", None), "mode", "kv"),
         )
 
     def close(self) -> None:
@@ -170,6 +177,9 @@ class LlamaDFlashDecoding(_Decoder):
         proposer, self.proposer = getattr(self, "proposer", None), None
         if proposer is not None:
             proposer.close()
+        rewinder = getattr(self, "rewinder", None)
+        if rewinder is not None:
+            rewinder.close()
         dflash = getattr(self, "_dflash", None)
         if dflash is not None:
             dflash.close()
@@ -203,7 +213,7 @@ class LlamaDFlashDecoding(_Decoder):
             stats.adaptive = True
         return speculative_generate(self.target, self.proposer, list(prompt), max_tokens,
                                     self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
-                                    controller=controller)
+                                    controller=controller, rewinder=self.rewinder)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
                  *, ignore_eos: bool = False, controller: Optional[DraftController] = None) -> GenerationResult:

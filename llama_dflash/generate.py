@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import LlamaCallError
 from .proposer import Proposer
+from .rewind import Rewinder
 from .sampling import Sampler
 from .stats import SpecStats
 from .target import TargetContext
@@ -132,13 +133,21 @@ def speculative_generate(
     state: Optional[GenerationState] = None,
     stats: Optional[SpecStats] = None,
     controller: Optional[DraftController] = None,
+    rewinder: Optional[Rewinder] = None,
 ) -> Iterator[int]:
-    """Draft a block, verify it in one target batch, keep the agreeing prefix plus one target token."""
+    """Draft a block, verify it in one target batch, keep the agreeing prefix plus one target token.
+
+    `rewinder` brings the target cache back after a rejection (attention cut by default; the
+    recurrent strategies live in `rewind`)."""
     state = state if state is not None else GenerationState()
     stats = stats if stats is not None else SpecStats()
+    rewinder = rewinder if rewinder is not None else Rewinder(target, stats)
+    rewinder.stats = stats
+    stats.rollback_mode = rewinder.mode
     check_prompt(prompt, target.n_ctx)
     t_start = time.perf_counter()
     target.clear()
+    rewinder.reset()
     proposer.clear()
     state.prompt_tokens = stats.prompt_tokens = len(prompt)
 
@@ -161,12 +170,14 @@ def speculative_generate(
             t0 = time.perf_counter()
             draft = proposer.propose(id_last, n_past, n_draft) if n_draft > 0 else []
             t1 = time.perf_counter()
+            rewinder.before_verify(n_past, (id_last, *draft))
             ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats)
-            if controller is not None:
-                controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
             n_past += len(ids)
             state.n_past = n_past
-            _rollback(target, proposer, n_past)
+            if _rewind(rewinder, proposer, n_past) != n_past:
+                raise LlamaCallError(f"the target cache could not be rolled back to position {n_past}")
+            if controller is not None:
+                controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
             for tok in ids:
                 if _is_stop(tok, target, ignore_eos):
                     state.finish_reason = "stop"
@@ -186,8 +197,8 @@ def speculative_generate(
         # tokens decoded beyond what the consumer took must not stay in either cache
         keep = len(prompt) - 1 + consumed
         if keep < n_past:
-            _rollback(target, proposer, keep)
-            state.n_past = keep
+            state.n_past = _rewind(rewinder, proposer, keep)
+        rewinder.settle()
 
 
 def _verify_and_accept(
@@ -223,9 +234,12 @@ def _verify_and_accept(
     return ids
 
 
-def _rollback(target: TargetContext, proposer: Proposer, n_past: int) -> None:
-    """Drop every cache cell at positions >= n_past on both contexts."""
-    ok_t = target.seq_rm(n_past)
-    proposer.rollback(n_past)
-    if not ok_t:
-        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_past}")
+def _rewind(rewinder: Rewinder, proposer: Proposer, n_past: int) -> int:
+    """Keep positions < n_past on both contexts; returns what was kept (0: both caches were
+    emptied because the target could not go back that far)."""
+    kept = rewinder.rewind(n_past)
+    if kept == n_past:
+        proposer.rollback(n_past)
+    else:
+        proposer.clear()
+    return kept

@@ -24,8 +24,19 @@ class SpecStats:
     accepted: int = 0
     verification_steps: int = 0
     draft_steps: int = 0
-    rollbacks: int = 0
-    native_rollbacks: int = 0
+    rollbacks: int = 0  # steps that rejected part of their draft
+    # how the target cache went back (see `rewind`): "kv", "native" or "checkpoint"
+    rollback_mode: str = "kv"
+    native_rollbacks: int = 0  # llama.cpp recurrent-snapshot rollbacks (n_rs_seq)
+    native_rollback_seconds: float = 0.0
+    checkpoint_captures: int = 0
+    checkpoint_restores: int = 0  # = rollbacks done through a checkpoint
+    checkpoint_bytes: int = 0  # recurrent state one checkpoint holds
+    checkpoint_on_device: bool = False
+    checkpoint_capture_seconds: float = 0.0
+    checkpoint_restore_seconds: float = 0.0
+    replayed_tokens: int = 0  # accepted tokens decoded again after a restore
+    replay_seconds: float = 0.0
     generated_tokens: int = 0
     prompt_tokens: int = 0
     target_seconds: float = 0.0  # target decode + sync (logits read)
@@ -64,10 +75,16 @@ class SpecStats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
 
     @property
+    def checkpoint_seconds(self) -> float:
+        """Capture + restore + replay: what rolling back through checkpoints cost."""
+        return self.checkpoint_capture_seconds + self.checkpoint_restore_seconds + self.replay_seconds
+
+    @property
     def overhead_seconds(self) -> float:
         """Wall time of the decode loop not spent in target, draft or injection calls."""
         loop = self.total_seconds - self.prefill_seconds
-        return max(0.0, loop - self.target_seconds - self.draft_seconds - self.process_seconds)
+        return max(0.0, loop - self.target_seconds - self.draft_seconds - self.process_seconds
+                   - self.checkpoint_seconds)
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def record_step(self, n_drafted: int, n_accepted: int) -> None:
@@ -90,8 +107,9 @@ class SpecStats:
         """Add another run's counters to these (for aggregates over several runs)."""
         for name in (
             "drafted", "verified", "accepted", "verification_steps", "draft_steps", "rollbacks",
-            "native_rollbacks", "generated_tokens", "prompt_tokens",
-            "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
+            "native_rollbacks", "checkpoint_captures", "checkpoint_restores", "replayed_tokens",
+            "checkpoint_capture_seconds", "checkpoint_restore_seconds", "replay_seconds", "native_rollback_seconds",
+            "generated_tokens", "prompt_tokens", "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
             "prefill_seconds", "total_seconds", "first_token_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -109,6 +127,9 @@ class SpecStats:
             self.chosen_draft_tokens[k] = self.chosen_draft_tokens.get(k, 0) + v
         if other.cost_curve:
             self.cost_curve = dict(other.cost_curve)
+        self.rollback_mode = other.rollback_mode
+        self.checkpoint_bytes = max(self.checkpoint_bytes, other.checkpoint_bytes)
+        self.checkpoint_on_device |= other.checkpoint_on_device
         self.backend_sampling_requested |= other.backend_sampling_requested
         self.backend_sampling_active |= other.backend_sampling_active
 
@@ -120,5 +141,6 @@ class SpecStats:
             tokens_per_second=self.tokens_per_second,
             acceptance_per_position=self.acceptance_per_position,
             overhead_seconds=self.overhead_seconds,
+            checkpoint_seconds=self.checkpoint_seconds,
         )
         return d

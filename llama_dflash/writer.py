@@ -299,8 +299,21 @@ def write_tiny_target(
     seed: int = 0,
     scale: float = 0.2,
     tied_embeddings: bool = False,
+    conv_layers: Sequence[int] = (),
+    conv_l_cache: int = 3,
 ) -> str:
-    """A random llama-architecture model with an SPM tokenizer, small enough for unit tests."""
+    """A random model with an SPM tokenizer, small enough for unit tests.
+
+    arch "llama" (attention only) or "lfm2" (hybrid: the layers in `conv_layers` are recurrent
+    short-convolution layers, the others attention layers with q/k norms; default: every other
+    layer from layer 0 is a conv layer).
+    """
+    if arch not in ("llama", "lfm2"):
+        raise ValueError(f"write_tiny_target writes llama or lfm2 models, not {arch!r}")
+    hybrid = arch == "lfm2"
+    if hybrid and not conv_layers:
+        conv_layers = tuple(range(0, n_layer, 2))
+    conv = set(conv_layers) if hybrid else set()
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -318,8 +331,10 @@ def write_tiny_target(
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w.add_head_count_kv([0 if i in conv else n_head_kv for i in range(n_layer)] if hybrid else n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
+    if hybrid:
+        w.add_shortconv_l_cache(conv_l_cache)
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(n_vocab)
@@ -335,16 +350,25 @@ def write_tiny_target(
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd))).astype(np.float32))
-    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    # lfm2 names its final norm token_embd_norm
+    w.add_tensor("token_embd_norm.weight" if hybrid else "output_norm.weight", np.ones(n_embd, dtype=np.float32))
     if not tied_embeddings:
         w.add_tensor("output.weight", mat(n_vocab, n_embd, 1.0))
     for i in range(n_layer):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", mat(n_head * hd, n_embd))
-        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * hd, n_embd))
-        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * hd, n_embd))
-        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * hd))
+        if i in conv:
+            w.add_tensor(p + "shortconv.conv.weight", mat(n_embd, conv_l_cache, 1.0))
+            w.add_tensor(p + "shortconv.in_proj.weight", mat(3 * n_embd, n_embd))
+            w.add_tensor(p + "shortconv.out_proj.weight", mat(n_embd, n_embd))
+        else:
+            w.add_tensor(p + "attn_q.weight", mat(n_head * hd, n_embd))
+            w.add_tensor(p + "attn_k.weight", mat(n_head_kv * hd, n_embd))
+            w.add_tensor(p + "attn_v.weight", mat(n_head_kv * hd, n_embd))
+            w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * hd))
+            if hybrid:
+                w.add_tensor(p + "attn_q_norm.weight", np.ones(hd, dtype=np.float32))
+                w.add_tensor(p + "attn_k_norm.weight", np.ones(hd, dtype=np.float32))
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
         w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))

@@ -38,6 +38,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-n-min", type=int, default=0)
     d.add_argument("--draft-p-min", type=float, default=0.0)
     d.add_argument("--no-backend-sampling", action="store_true")
+    d.add_argument("--rollback", choices=("auto", "native", "checkpoint"), default="auto",
+                   help="recurrent/hybrid targets: recurrent-snapshot rollback (n_rs_seq) or "
+                        "checkpoint/restore/replay; auto picks native where the architecture has it")
     g = p.add_argument_group("generation")
     g.add_argument("--prompt", default=DEFAULT_PROMPT)
     g.add_argument("--raw-prompt", action="store_true", help="do not wrap the prompt in the model's chat format")
@@ -134,7 +137,7 @@ def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
                           n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
     spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_tokens,
                       draft_n_min=args.draft_n_min, draft_p_min=args.draft_p_min,
-                      backend_sampling=not args.no_backend_sampling)
+                      backend_sampling=not args.no_backend_sampling, rollback=args.rollback)
     return target, spec
 
 

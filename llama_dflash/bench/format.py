@@ -51,11 +51,22 @@ def format_result(res: BenchResult) -> str:
             f"  accepted per slot   : {per_pos}",
             f"  mean accepted length: {s.mean_accepted_length:.2f}",
             f"  draft rollbacks     : {s.rollbacks} (native: {s.native_rollbacks})",
+            f"  rollback mode       : {s.rollback_mode}"
+            + (f" ({1000 * s.native_rollback_seconds:.2f} ms in native rollbacks)" if s.native_rollbacks else ""),
             f"  target decode+sync  : {s.target_seconds:.3f} s",
             f"  draft phase         : {s.draft_seconds:.3f} s",
             f"  process phase       : {s.process_seconds:.3f} s",
             f"  loop overhead       : {1000 * s.overhead_seconds / steps:.3f} ms/step",
         ]
+        if s.checkpoint_captures:
+            per = 1000 * s.checkpoint_seconds / max(1, s.verification_steps)
+            lines += [
+                f"  checkpoint          : {1000 * s.checkpoint_seconds:.1f} ms ({per:.3f} ms/step)",
+                f"  checkpoint captures : {s.checkpoint_captures} ({1000 * s.checkpoint_capture_seconds:.1f} ms, "
+                f"{s.checkpoint_bytes} bytes, {'on device' if s.checkpoint_on_device else 'host'})",
+                f"  checkpoint restores : {s.checkpoint_restores} ({1000 * s.checkpoint_restore_seconds:.1f} ms) "
+                f"+ replay of {s.replayed_tokens} tokens ({1000 * s.replay_seconds:.1f} ms)",
+            ]
         if s.adaptive:
             hist = ", ".join(f"{k}:{v}" for k, v in sorted(s.chosen_draft_tokens.items(), key=lambda kv: int(kv[0])))
             curve = ", ".join(f"{k}:{1000 * v:.1f}" for k, v in sorted(s.cost_curve.items(), key=lambda kv: int(kv[0])))

@@ -126,7 +126,11 @@ def feedback_fields(
         "Speedup": f"{speculative_tps / ordinary_tps:.3f}x" if ordinary_tps else UNKNOWN,
     })
     if stats is not None:
-        ckpt = getattr(stats, "checkpoint_seconds", None)
+        ckpt = (f"{_fmt_s(stats.checkpoint_capture_seconds)} capture ({stats.checkpoint_captures}), "
+                f"{_fmt_s(stats.checkpoint_restore_seconds + stats.replay_seconds)} restore+replay "
+                f"({stats.checkpoint_restores}, {stats.replayed_tokens} tokens replayed), "
+                f"{stats.checkpoint_bytes} bytes each, {'on device' if stats.checkpoint_on_device else 'host'}"
+                if stats.checkpoint_captures else f"none (rollback mode: {stats.rollback_mode})")
         f.update({
             "Draft tokens proposed": str(stats.drafted),
             "Draft tokens accepted": str(stats.accepted),
@@ -136,7 +140,7 @@ def feedback_fields(
             "Target decode/sync time": _fmt_s(stats.target_seconds),
             "Draft time": _fmt_s(stats.draft_seconds),
             "Process time": _fmt_s(stats.process_seconds),
-            "Checkpoint capture/restore time": _fmt_s(ckpt) if ckpt is not None else "none (no checkpoints taken)",
+            "Checkpoint capture/restore time": ckpt,
         })
     f["Outputs deterministic across repeated runs"] = UNKNOWN if deterministic is None else str(deterministic)
     f["First divergence from ordinary decoding"] = (
