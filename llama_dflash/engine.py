@@ -53,6 +53,34 @@ class _Decoder:
         except Exception:  # noqa: BLE001
             pass
 
+    # tokens the caches hold at positions 0.. after the last generation; empty: nothing known
+    # (fresh, or the last generation failed), so the next one starts from scratch
+    _cached: list[int] = []
+    _cut_allowed = True  # False for recurrent caches: only an exact extension can be reused
+
+    def _n_reuse(self, prompt: Sequence[int], reuse_prefix: bool) -> int:
+        """Prompt positions whose cache cells can stay (prefix reuse across calls)."""
+        cached, self._cached = self._cached, []
+        if not reuse_prefix or not cached:
+            return 0
+        limit = min(len(cached), len(prompt) - 1)
+        n = 0
+        while n < limit and cached[n] == prompt[n]:
+            n += 1
+        if n < len(cached) and not self._cut_allowed:
+            return 0
+        return n
+
+    def _track(self, gen: Iterator[int], prompt: list[int], state: GenerationState) -> Iterator[int]:
+        """Pass tokens through; remember what the caches hold once the generation ended or its
+        consumer closed it (the loop's `finally` has rewound the caches to match by then)."""
+        try:
+            yield from gen
+        except GeneratorExit:
+            self._cached = (prompt + state.tokens)[: state.n_past]
+            raise
+        self._cached = (prompt + state.tokens)[: state.n_past]
+
     def tokenize(self, text: str) -> list[int]:
         return self.target.model.tokenize(text)
 
@@ -77,6 +105,7 @@ class OrdinaryDecoding(_Decoder):
         self.target_info: GGUFInfo = read_gguf(target.model)
         self._model, self._owns_model = _load_target_model(target, model)
         self.target = TargetContext(self._model, target)
+        self._cut_allowed = not is_recurrent_model(self._model)
         self.last_stats = SpecStats()
 
     def close(self) -> None:
@@ -87,15 +116,23 @@ class OrdinaryDecoding(_Decoder):
         self._model = None
 
     def stream(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
-               *, ignore_eos: bool = False, state: Optional[GenerationState] = None) -> Iterator[int]:
+               *, ignore_eos: bool = False, state: Optional[GenerationState] = None,
+               reuse_prefix: bool = False) -> Iterator[int]:
+        """Yield generated tokens; `reuse_prefix` keeps the cache cells of the longest common
+        prefix with the previous generation instead of decoding the prompt again."""
         self.last_stats = SpecStats(algorithm="ordinary")
-        return ordinary_generate(self.target, list(prompt), max_tokens, self._sampler(sampling),
-                                 ignore_eos=ignore_eos, state=state, stats=self.last_stats)
+        prompt = list(prompt)
+        state = state if state is not None else GenerationState()
+        n_reuse = self._n_reuse(prompt, reuse_prefix)
+        return self._track(ordinary_generate(self.target, prompt, max_tokens, self._sampler(sampling),
+                                             ignore_eos=ignore_eos, state=state, stats=self.last_stats,
+                                             n_reuse=n_reuse), prompt, state)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
-                 *, ignore_eos: bool = False) -> GenerationResult:
+                 *, ignore_eos: bool = False, reuse_prefix: bool = False) -> GenerationResult:
         state = GenerationState()
-        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state))
+        tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state,
+                                  reuse_prefix=reuse_prefix))
         return GenerationResult(tokens, state.finish_reason, self.last_stats)
 
 
@@ -132,6 +169,7 @@ class LlamaDFlashDecoding(_Decoder):
             self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
             self.proposer = self._dflash
             self.rewinder: Rewinder = make_rewinder(self.target, self.last_stats, spec.rollback)
+            self._cut_allowed = self.rewinder.mode == "kv"
             # one controller per engine: repeated generations start with warm cost/acceptance models
             self._auto_controller: Optional[AdaptiveController] = None
             self.controller: Optional[AdaptiveController] = self._adaptive() if spec.adaptive else None
@@ -200,8 +238,11 @@ class LlamaDFlashDecoding(_Decoder):
 
     def stream(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
                *, ignore_eos: bool = False, state: Optional[GenerationState] = None,
-               controller: Optional[DraftController] = None) -> Iterator[int]:
-        """Yield generated tokens one by one; statistics land in `self.last_stats`."""
+               controller: Optional[DraftController] = None, reuse_prefix: bool = False) -> Iterator[int]:
+        """Yield generated tokens one by one; statistics land in `self.last_stats`.
+
+        `reuse_prefix`: keep the cells of the longest common prefix with the previous
+        generation in both caches (target and draft stay aligned) instead of decoding it again."""
         if self.proposer is None:
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
@@ -211,13 +252,18 @@ class LlamaDFlashDecoding(_Decoder):
         if isinstance(controller, AdaptiveController):
             controller.stats = stats
             stats.adaptive = True
-        return speculative_generate(self.target, self.proposer, list(prompt), max_tokens,
-                                    self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
-                                    controller=controller, rewinder=self.rewinder)
+        prompt = list(prompt)
+        state = state if state is not None else GenerationState()
+        n_reuse = self._n_reuse(prompt, reuse_prefix)
+        gen = speculative_generate(self.target, self.proposer, prompt, max_tokens,
+                                   self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
+                                   controller=controller, rewinder=self.rewinder, n_reuse=n_reuse)
+        return self._track(gen, prompt, state)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
-                 *, ignore_eos: bool = False, controller: Optional[DraftController] = None) -> GenerationResult:
+                 *, ignore_eos: bool = False, controller: Optional[DraftController] = None,
+                 reuse_prefix: bool = False) -> GenerationResult:
         state = GenerationState()
         tokens = list(self.stream(prompt, max_tokens, sampling, ignore_eos=ignore_eos, state=state,
-                                  controller=controller))
+                                  controller=controller, reuse_prefix=reuse_prefix))
         return GenerationResult(tokens, state.finish_reason, self.last_stats)

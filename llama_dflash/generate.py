@@ -48,25 +48,36 @@ class GenerationState:
     n_past: int = 0  # target/draft cache positions that are valid
 
 
-def check_prompt(prompt: Sequence[int], n_ctx: int) -> None:
+def check_prompt(prompt: Sequence[int], n_ctx: int, n_vocab: Optional[int] = None) -> None:
     if len(prompt) == 0:
         raise ValueError("the prompt must contain at least one token")
     if len(prompt) > n_ctx:
         raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context size n_ctx={n_ctx}")
+    if n_vocab is not None:
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
 
 
 def prefill(
     target: TargetContext,
     tokens: Sequence[int],
     on_decoded: Optional[Callable[[np.ndarray, int], None]] = None,
+    pos0: int = 0,
 ) -> None:
-    """Decode tokens in n_batch chunks without logits; `on_decoded(features, pos0)` after each."""
+    """Decode tokens at positions pos0.. in n_batch chunks without logits;
+    `on_decoded(features, pos)` after each chunk."""
     step = target.ctx.n_batch
     for start in range(0, len(tokens), step):
         chunk = tokens[start : start + step]
-        target.decode(chunk, start, logits="none")
+        target.decode(chunk, pos0 + start, logits="none")
         if on_decoded is not None:
-            on_decoded(target.layer_features(), start)
+            on_decoded(target.layer_features(), pos0 + start)
+
+
+def _check_reuse(prompt: Sequence[int], n_reuse: int) -> None:
+    if not 0 <= n_reuse < len(prompt):
+        raise ValueError(f"n_reuse={n_reuse} must leave at least the last prompt token to decode")
 
 
 def _is_stop(token: int, target: TargetContext, ignore_eos: bool) -> bool:
@@ -82,17 +93,27 @@ def ordinary_generate(
     ignore_eos: bool = False,
     state: Optional[GenerationState] = None,
     stats: Optional[SpecStats] = None,
+    n_reuse: int = 0,
 ) -> Iterator[int]:
-    """Plain decoding, one target decode per token, with the same prefill as the speculative loop."""
+    """Plain decoding, one target decode per token, with the same prefill as the speculative loop.
+
+    n_reuse: the cache already holds prompt[:n_reuse] (prefix reuse); 0 starts from scratch."""
     state = state if state is not None else GenerationState()
     stats = stats if stats is not None else SpecStats()
-    check_prompt(prompt, target.n_ctx)
+    check_prompt(prompt, target.n_ctx, target.n_vocab)
+    _check_reuse(prompt, n_reuse)
     t_start = time.perf_counter()
-    target.clear()
+    if n_reuse == 0:
+        target.clear()
+    elif not target.seq_rm(n_reuse):
+        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_reuse}")
     state.prompt_tokens = stats.prompt_tokens = len(prompt)
-    prefill(target, prompt[:-1])
+    stats.reused_prompt_tokens = n_reuse
+    state.n_past = n_reuse
+    prefill(target, prompt[n_reuse:-1], pos0=n_reuse)
     stats.prefill_seconds = time.perf_counter() - t_start
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
+    state.n_past = n_past
     try:
         while len(state.tokens) < max_tokens:
             if n_past >= target.n_ctx:
@@ -134,22 +155,32 @@ def speculative_generate(
     stats: Optional[SpecStats] = None,
     controller: Optional[DraftController] = None,
     rewinder: Optional[Rewinder] = None,
+    n_reuse: int = 0,
 ) -> Iterator[int]:
     """Draft a block, verify it in one target batch, keep the agreeing prefix plus one target token.
 
     `rewinder` brings the target cache back after a rejection (attention cut by default; the
-    recurrent strategies live in `rewind`)."""
+    recurrent strategies live in `rewind`).  n_reuse: both caches already hold prompt[:n_reuse]
+    and nothing beyond it that must stay (the caller checked); 0 starts from scratch."""
     state = state if state is not None else GenerationState()
     stats = stats if stats is not None else SpecStats()
     rewinder = rewinder if rewinder is not None else Rewinder(target, stats)
     rewinder.stats = stats
     stats.rollback_mode = rewinder.mode
-    check_prompt(prompt, target.n_ctx)
+    check_prompt(prompt, target.n_ctx, target.n_vocab)
+    _check_reuse(prompt, n_reuse)
     t_start = time.perf_counter()
-    target.clear()
     rewinder.reset()
-    proposer.clear()
+    if n_reuse == 0:
+        target.clear()
+        proposer.clear()
+    elif not target.seq_rm(n_reuse):
+        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_reuse}")
+    else:
+        proposer.rollback(n_reuse)
     state.prompt_tokens = stats.prompt_tokens = len(prompt)
+    stats.reused_prompt_tokens = n_reuse
+    state.n_past = n_reuse
 
     def inject(features: np.ndarray, pos0: int) -> None:
         proposer.inject(features, pos0)
@@ -157,8 +188,9 @@ def speculative_generate(
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
     consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
     try:
-        prefill(target, prompt[:-1], inject)
+        prefill(target, prompt[n_reuse:-1], inject, pos0=n_reuse)
         stats.prefill_seconds = time.perf_counter() - t_start
+        state.n_past = n_past
         while consumed < max_tokens:
             room = target.n_ctx - 1 - n_past  # positions left after id_last's
             if room < 0:

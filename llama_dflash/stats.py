@@ -39,6 +39,7 @@ class SpecStats:
     replay_seconds: float = 0.0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt positions found in the caches (prefix reuse), not decoded
     target_seconds: float = 0.0  # target decode + sync (logits read)
     draft_seconds: float = 0.0  # draft block decode + candidate read
     process_seconds: float = 0.0  # target features gathered and injected into the draft
@@ -109,7 +110,7 @@ class SpecStats:
             "drafted", "verified", "accepted", "verification_steps", "draft_steps", "rollbacks",
             "native_rollbacks", "checkpoint_captures", "checkpoint_restores", "replayed_tokens",
             "checkpoint_capture_seconds", "checkpoint_restore_seconds", "replay_seconds", "native_rollback_seconds",
-            "generated_tokens", "prompt_tokens", "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
+            "generated_tokens", "prompt_tokens", "reused_prompt_tokens", "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
             "prefill_seconds", "total_seconds", "first_token_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
