@@ -206,7 +206,8 @@ def speculative_generate(
             ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats)
             n_past += len(ids)
             state.n_past = n_past
-            if _rewind(rewinder, proposer, n_past) != n_past:
+            # only a rejection leaves cells to drop (the draft removes its own block's cells)
+            if len(ids) <= len(draft) and _rewind(rewinder, proposer, n_past) != n_past:
                 raise LlamaCallError(f"the target cache could not be rolled back to position {n_past}")
             if controller is not None:
                 controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)

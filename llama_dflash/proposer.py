@@ -115,6 +115,8 @@ class DFlashProposer:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         self._chunk = n_ub
+        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject()
+        self._pending_rows = 0
 
     # ---- backend-side candidate sampling (top-k chain attached to the draft context) ------------
     def _attach_backend_sampler(self) -> None:
@@ -195,18 +197,46 @@ class DFlashProposer:
 
     # ---- the three operations the loop drives -------------------------------------------------
     def inject(self, features: np.ndarray, pos0: int) -> None:
-        """Write target features for positions pos0.. into the draft KV cache (no outputs)."""
+        """Queue target features for positions pos0.. for the draft KV cache.
+
+        They are written in one batched decode when the draft is next used (or a batch fills up):
+        while the adaptive controller decodes ordinarily, one draft decode per token would cost
+        several percent of the step for nothing.  `features` must not be modified afterwards.
+        """
+        self._pending.append((features, pos0))
+        self._pending_rows += features.shape[0]
+        if self._pending_rows >= self._chunk:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every queued feature row into the draft KV cache (no outputs)."""
+        if not self._pending:
+            return
         t0 = time.perf_counter()
         b = self.inject_batch
-        n = features.shape[0]
-        for start in range(0, n, self._chunk):
-            b.clear()
-            for i in range(start, min(n, start + self._chunk)):
+        b.clear()
+        count, first = 0, None
+        for features, pos0 in self._pending:
+            for i in range(features.shape[0]):
+                if count == self._chunk:
+                    self._process_injection(first)
+                    count, first = 0, None
                 b.add_embd(embd_struct(features, i), pos0 + i)
-            rc = b.process()
-            if rc != 0:
-                raise LlamaCallError(f"draft feature injection at position {pos0 + start} failed (rc {rc})")
+                first = pos0 + i if first is None else first
+                count += 1
+        if count:
+            self._process_injection(first)
+        self._pending.clear()
+        self._pending_rows = 0
         self.stats.process_seconds += time.perf_counter() - t0
+
+    def _process_injection(self, pos: int) -> None:
+        rc = self.inject_batch.process()
+        self.inject_batch.clear()
+        if rc != 0:
+            self._pending.clear()
+            self._pending_rows = 0
+            raise LlamaCallError(f"draft feature injection at position {pos} failed (rc {rc})")
 
     def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
         """Draft up to n tokens following id_last (which sits at position n_past)."""
@@ -216,6 +246,7 @@ class DFlashProposer:
         if n <= 0 or self.p_min >= 1.0:
             # p_min 1 drafts nothing, even where a confidence or probability saturates to 1.0
             return []
+        self.flush()
         t0 = time.perf_counter()
         n_block = n if self.anchor_first else n + 1
         assert n_block <= self.info.block_size
@@ -272,12 +303,19 @@ class DFlashProposer:
         return tokens
 
     def rollback(self, n_past: int) -> None:
+        kept = [(f[: n_past - p0], p0) for f, p0 in self._pending if p0 < n_past]
+        self._pending = kept
+        self._pending_rows = sum(f.shape[0] for f, _ in kept)
         self.ctx.seq_rm(0, n_past, -1)
 
     def clear(self) -> None:
+        self._pending.clear()
+        self._pending_rows = 0
         self.ctx.clear()
 
     def pos_max(self) -> int:
+        """Last position in the draft KV cache (queued features written first)."""
+        self.flush()
         return self.ctx.pos_max(0)
 
     def _logits(self, i: int) -> np.ndarray:

@@ -78,6 +78,7 @@ def test_logits_scattered_to_target_ids(tiny_config, d2t_drafts, reference, vari
     with LlamaDFlashDecoding(tiny_config, SpecConfig(d2t_drafts[variant], backend_sampling=False)) as eng:
         p = eng._dflash
         prefill(eng.target, prompt[:-1], p.inject)
+        p.flush()
         n_past = len(prompt) - 1
         p.batch.clear()
         for i in range(4):

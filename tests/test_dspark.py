@@ -131,6 +131,7 @@ def _prefilled(eng, prompt):
     eng.target.clear()
     eng._dflash.clear()
     prefill(eng.target, prompt[:-1], eng._dflash.inject)
+    eng._dflash.flush()
     return int(prompt[-1]), len(prompt) - 1
 
 
