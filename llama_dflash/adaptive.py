@@ -31,6 +31,7 @@ class CostModel:
         self._verify: dict[int, float] = {}
         self._draft: dict[int, float] = {}
         self.samples: dict[int, int] = {}
+        self._fits: dict[str, Optional[tuple[float, float, float]]] = {}  # cached until the next observe
 
     def observe(self, k: int, draft_seconds: float, verify_seconds: float) -> None:
         n = self.samples.get(k, 0)
@@ -39,9 +40,11 @@ class CostModel:
         if k > 0:
             self._draft[k] = (1 - a) * self._draft.get(k, 0.0) + a * draft_seconds
         self.samples[k] = n + 1
+        self._fits.clear()
 
-    def _estimate(self, points: dict[int, float], k: int) -> Optional[float]:
-        """A line a + b*k (b >= 0) fitted to the per-k averages, weighted by their sample counts.
+    def _fit(self, points: dict[int, float]) -> Optional[tuple[float, float, float]]:
+        """A line my + slope*(k - mx) (slope >= 0) through the per-k averages, weighted by their
+        sample counts; None without points.
 
         Using the fit for every k, measured or not, keeps noise from making a longer block look
         cheaper than a shorter one.
@@ -49,21 +52,29 @@ class CostModel:
         if not points:
             return None
         if len(points) == 1:
-            return next(iter(points.values()))
+            return next(iter(points.values())), 0.0, 0.0
         w = {x: min(20, self.samples.get(x, 1)) for x in points}
         sw = sum(w.values())
         mx = sum(w[x] * x for x in points) / sw
         my = sum(w[x] * y for x, y in points.items()) / sw
         var = sum(w[x] * (x - mx) ** 2 for x in points)
         slope = sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var if var else 0.0
-        slope = max(0.0, slope)
+        return my, max(0.0, slope), mx
+
+    def _estimate(self, which: str, k: int) -> Optional[float]:
+        if which not in self._fits:  # refitted once per observation, not once per k asked
+            self._fits[which] = self._fit(self._verify if which == "verify" else self._draft)
+        fit = self._fits[which]
+        if fit is None:
+            return None
+        my, slope, mx = fit
         return max(1e-9, my + slope * (k - mx))
 
     def verify_time(self, k: int) -> Optional[float]:
-        return self._estimate(self._verify, k)
+        return self._estimate("verify", k)
 
     def draft_time(self, k: int) -> Optional[float]:
-        return 0.0 if k == 0 else self._estimate(self._draft, k)
+        return 0.0 if k == 0 else self._estimate("draft", k)
 
     def known(self, k: int) -> bool:
         return k in self._verify
@@ -181,7 +192,7 @@ class AdaptiveController:
             else:  # a failed probe makes the next one rarer
                 self.probe_interval = min(self.max_probe_interval, 2 * self.probe_interval)
                 self._probe_len = self.probe_tokens
-        if self.stats is not None:
+        if self.stats is not None and (n_draft or self._steps % 32 == 0):
             self.stats.cost_curve = {str(k): v for k, v in self.costs.curve().items()}
 
     # ---- decisions -----------------------------------------------------------------------------
@@ -202,10 +213,17 @@ class AdaptiveController:
         return self.acceptance.expected_tokens(k) / (tv + td)
 
     def best_k(self, n_limit: int) -> int:
-        base = self.rate(0) * self.margin
-        best, best_rate = 0, base
+        """argmax over k of rate(k), in one pass (this runs every step, so it must stay cheap)."""
+        best, best_rate = 0, self.rate(0) * self.margin
+        costs, acc = self.costs, self.acceptance
+        expected, run = 1.0, 1.0
         for k in range(1, n_limit + 1):
-            r = self.rate(k)
+            run *= acc.p(k - 1)
+            expected += run
+            tv, td = costs.verify_time(k), costs.draft_time(k)
+            if tv is None or td is None:
+                continue
+            r = expected / (tv + td)
             if r > best_rate:
                 best, best_rate = k, r
         return best
