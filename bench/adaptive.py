@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="rounds over every prompt")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per workload")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ks", default="1,2,4,7")
+    ap.add_argument("--ks", default="1,2,4,7", help="fixed draft lengths to compare, or 'none'")
     ap.add_argument("--drafts", default="random,trained")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
@@ -40,7 +40,7 @@ def main() -> None:
     path = smollm2_path()
     drafts = {"random": random_draft_for(path), "trained": trained_draft_path()}
     tcfg = TargetConfig(path, n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=args.threads)
-    ks: list = [int(k) for k in args.ks.split(",")] + ["auto"]
+    ks: list = [int(k) for k in args.ks.split(",") if k.strip() and k != "none"] + ["auto"]
     ordinary = OrdinaryDecoding(tcfg)
     engines: dict[str, object] = {"ordinary": ordinary}
     for dname in args.drafts.split(","):

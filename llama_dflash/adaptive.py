@@ -197,10 +197,15 @@ class AdaptiveController:
 
     # ---- decisions -----------------------------------------------------------------------------
     def _explore(self, n_limit: int) -> Optional[int]:
-        """Measure ordinary decoding, the longest block and a middle one before trusting the fit."""
+        """Measure ordinary decoding and a short probe block before trusting the fit.
+
+        Two points give the cost line; deeper blocks get measured when drafting pays (see
+        `extend_every`).  Measuring the longest block up front would cost several single decodes
+        on a CPU, on every engine, even when speculation never pays there.
+        """
         if n_limit < self.n_max:  # a short tail at the end of a generation: use what is known
             return None
-        for k in (n_limit, 0, max(1, n_limit // 2)):
+        for k in (0, max(1, min(self.probe_tokens, n_limit))):
             if not self.costs.known(k):
                 return k
         return None
