@@ -186,10 +186,11 @@ class AdaptiveController:
                 # acceptance of deeper slots gets measured and speculation can resume
                 self._probe_len = min(self.n_max, 2 * n_draft)
                 self._since_probe = self.probe_interval
-            elif n_accepted:
+            elif n_accepted and self.best_k(self.n_max) > 0:
+                # the probe changed the decision: speculation pays again, stay attentive
                 self.probe_interval = self.min_probe_interval
                 self._probe_len = self.probe_tokens
-            else:  # a failed probe makes the next one rarer
+            else:  # a probe that changed nothing makes the next one rarer
                 self.probe_interval = min(self.max_probe_interval, 2 * self.probe_interval)
                 self._probe_len = self.probe_tokens
         if self.stats is not None and (n_draft or self._steps % 32 == 0):

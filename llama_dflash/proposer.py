@@ -22,7 +22,7 @@ from .config import SpecConfig
 from .errors import LlamaCallError
 from .inspect import DraftInfo
 from .stats import SpecStats
-from .target import TargetContext, default_threads, embd_struct
+from .target import TargetContext, default_threads, embd_struct, float_view
 
 __all__ = ["Proposer", "DFlashProposer", "ScriptedProposer"]
 
@@ -322,7 +322,7 @@ class DFlashProposer:
         ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
         if not ptr:
             raise LlamaCallError(f"draft produced no logits for block row {i}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return float_view(ptr, (self.n_vocab,))
 
 
 class _RetryOnCpu(Exception):

@@ -14,7 +14,29 @@ from ._llama import BatchExt, Context, Model
 from .config import TargetConfig
 from .errors import LlamaCallError
 
-__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct"]
+__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct", "float_view"]
+
+_views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+
+
+def float_view(ptr: "ctypes._Pointer[ctypes.c_float]", shape: tuple[int, ...]) -> np.ndarray:
+    """A zero-copy numpy view of `shape` floats at a pointer llama.cpp just returned.
+
+    np.ctypeslib.as_array costs ~15 us a call, several times per step; llama.cpp hands out the
+    same few addresses (its output buffers) again and again, so views are kept per address.
+    """
+    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    key = (addr, shape)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) > 256:
+            _views.clear()
+        n = 1
+        for d in shape:
+            n *= d
+        view = np.frombuffer((ctypes.c_float * n).from_address(addr), dtype=np.float32).reshape(shape)
+        _views[key] = view
+    return view
 
 
 def default_threads() -> int:
@@ -91,7 +113,7 @@ class TargetContext:
         ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
         if not ptr:
             raise LlamaCallError(f"no logits for batch row {i}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return float_view(ptr, (self.n_vocab,))
 
     def layer_features(self, n_rows: int | None = None) -> np.ndarray:
         """Inputs of the extracted layers for the first n_rows (default all) rows of the last
@@ -102,7 +124,7 @@ class TargetContext:
             ptr = ext.llama_get_embeddings_layer_inp(self.ctx.ptr, lid)
             if not ptr:
                 raise LlamaCallError(f"target layer {lid} input was not extracted")
-            out[:, k * e : (k + 1) * e] = np.ctypeslib.as_array(ptr, shape=(n, e))
+            out[:, k * e : (k + 1) * e] = float_view(ptr, (n, e))
         return out
 
     def seq_rm(self, p0: int) -> bool:
