@@ -33,8 +33,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model)")
     m.add_argument("--algorithm", choices=("auto", "dflash", "dspark"), default="auto")
     d = p.add_argument_group("drafting")
-    d.add_argument("--draft-tokens", type=_draft_tokens, default=7,
-                   help="draft_n_max (clamped to the draft's block), or 'auto' for the adaptive controller")
+    d.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
+                   help="draft_n_max (clamped to the draft's block), or 'auto' (the default): the adaptive "
+                        "controller picks the length every step from measured costs and acceptance")
     d.add_argument("--draft-n-min", type=int, default=0)
     d.add_argument("--draft-p-min", type=float, default=0.0)
     d.add_argument("--no-backend-sampling", action="store_true")
