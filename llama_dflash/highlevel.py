@@ -199,7 +199,8 @@ class Llama(llama_cpp.Llama):
     def _run(self, prompt: list[int], params: SamplingParams, limit: int,
              stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None) -> Iterator[int]:
         self._close_active()  # an abandoned generator must not rewind the caches under this one
-        inner = self._engine.stream(prompt, max(0, limit), params, ignore_eos=True)
+        # like llama_cpp.Llama, the cached prefix shared with the last call is not decoded again
+        inner = self._engine.stream(prompt, max(0, limit), params, ignore_eos=True, reuse_prefix=True)
         self._active = inner
         self.last_stats = self._engine.last_stats
         # input_ids/n_tokens mirror the sequence, as llama_cpp.Llama keeps them (stopping criteria
