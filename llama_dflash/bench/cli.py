@@ -33,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model)")
     m.add_argument("--algorithm", choices=("auto", "dflash", "dspark"), default="auto")
     d = p.add_argument_group("drafting")
-    d.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
+    d.add_argument("--draft-tokens", type=draft_tokens_arg, default="auto",
                    help="draft_n_max (clamped to the draft's block), or 'auto' (the default): the adaptive "
                         "controller picks the length every step from measured costs and acceptance")
     d.add_argument("--draft-n-min", type=int, default=0)
@@ -74,7 +74,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     o.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
 
 
-def _draft_tokens(text: str) -> "int | str":
+def draft_tokens_arg(text: str) -> "int | str":
+    """argparse type of a draft length: an integer or 'auto' (shared with `serve`)."""
     if text == "auto":
         return "auto"
     try:
@@ -84,7 +85,7 @@ def _draft_tokens(text: str) -> "int | str":
 
 
 def _draft_list(text: str) -> list:
-    values = [_draft_tokens(x.strip()) for x in text.split(",") if x.strip()]
+    values = [draft_tokens_arg(x.strip()) for x in text.split(",") if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError("expected at least one draft length")
     return values

@@ -9,6 +9,8 @@ import argparse
 import os
 import sys
 
+from ..bench.cli import draft_tokens_arg
+
 __all__ = ["configure", "run"]
 
 
@@ -17,8 +19,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", help="DFlash/DSpark draft GGUF; without it, ordinary decoding")
     parser.add_argument("--random-draft", action="store_true", help="use a random draft for the target (testing)")
     parser.add_argument("--algorithm", default="auto", choices=("auto", "dflash", "dspark"))
-    parser.add_argument("--draft-n-max", type=int, default=7)
+    parser.add_argument("--draft-n-max", "--draft-tokens", dest="draft_n_max", type=draft_tokens_arg, default="auto",
+                        help="draft length, or 'auto' (default): the adaptive controller")
     parser.add_argument("--draft-p-min", type=float, default=0.0)
+    parser.add_argument("--rollback", choices=("auto", "native", "checkpoint"), default="auto",
+                        help="recurrent/hybrid targets: how a rejected draft is rolled back")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("LLAMA_DFLASH_API_KEY"),
@@ -44,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     draft = args.draft_model or (random_draft_for(model) if args.random_draft else None)
     spec = None
     if draft:
-        spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min)
+        spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min,
+                          rollback=args.rollback)
     llm = Llama(model, speculative=spec, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 verbose=args.verbose)
