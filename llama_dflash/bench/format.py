@@ -58,10 +58,10 @@ def format_result(res: BenchResult) -> str:
             f"  process phase       : {s.process_seconds:.3f} s",
             f"  loop overhead       : {1000 * s.overhead_seconds / steps:.3f} ms/step",
         ]
+        per = 1000 * s.checkpoint_seconds / max(1, s.verification_steps)
+        lines.append(f"  checkpoint          : {1000 * s.checkpoint_seconds:.3f} ms ({per:.3f} ms/step)")
         if s.checkpoint_captures:
-            per = 1000 * s.checkpoint_seconds / max(1, s.verification_steps)
             lines += [
-                f"  checkpoint          : {1000 * s.checkpoint_seconds:.1f} ms ({per:.3f} ms/step)",
                 f"  checkpoint captures : {s.checkpoint_captures} ({1000 * s.checkpoint_capture_seconds:.1f} ms, "
                 f"{s.checkpoint_bytes} bytes, {'on device' if s.checkpoint_on_device else 'host'})",
                 f"  checkpoint restores : {s.checkpoint_restores} ({1000 * s.checkpoint_restore_seconds:.1f} ms) "
