@@ -21,7 +21,14 @@ uses and accepts a draft token only while the sample equals it, so outputs are d
 as with ordinary decoding (see `llama_dflash.sampling`).  Supported: temperature, top_k, top_p,
 min_p, repeat/presence/frequency penalties (llama.cpp semantics, last 64 generated tokens), seed,
 logit_bias / logits processors, stopping criteria on token ids (they get an empty scores row).
-Not supported (ValueError): grammar, mirostat, logprobs.  typical_p and tfs_z are ignored.
+Not supported (ValueError): grammar, mirostat, logprobs together with echo=True (the prompt is
+prefilled without logits).  typical_p and tfs_z are ignored.
+
+Logprobs: `create_completion(logprobs=N)` (streaming or not) and
+`create_chat_completion(logprobs=True, top_logprobs=N)` work as with
+`llama_cpp.Llama(..., logits_all=True)`: the raw target row each generated token was sampled from
+is copied into `scores` (see `llama_dflash.logprobs`) and llama-cpp-python's own code builds the
+response.  Only requests that ask for logprobs copy rows; the others sample exactly as before.
 
 Only one generation runs at a time on one object: starting a new one closes a still-open
 previous generator first (so an abandoned stream cannot rewind the caches under the new one).
@@ -30,6 +37,7 @@ Callers that share an object between threads must hold `llm.lock` around each re
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
@@ -39,6 +47,7 @@ import numpy as np
 from .config import SpecConfig, TargetConfig
 from .engine import LlamaDFlashDecoding, OrdinaryDecoding
 from .inspect import read_gguf
+from .logprobs import ScoreRecorder
 from .sampling import SamplingParams
 from .stats import SpecStats
 
@@ -97,6 +106,7 @@ class Llama(llama_cpp.Llama):
         self.lock = threading.Lock()
         self.last_stats: SpecStats = self._engine.last_stats
         self._active: Optional[Iterator[int]] = None
+        self._record_into: Optional[np.ndarray] = None  # scores buffer of a logprobs request
 
     # ---- what llama_cpp.Llama asks of its model -----------------------------------------------
     def n_ctx(self) -> int:
@@ -127,9 +137,32 @@ class Llama(llama_cpp.Llama):
 
     # ---- the token generator ------------------------------------------------------------------
     def _create_completion(self, *args: Any, **kwargs: Any):
-        if kwargs.get("logprobs") is not None:
-            raise ValueError("logprobs are not supported with llama_dflash.Llama")
-        return super()._create_completion(*args, **kwargs)
+        if kwargs.get("logprobs") is None:
+            return super()._create_completion(*args, **kwargs)
+        if kwargs.get("echo"):
+            raise ValueError("logprobs with echo=True (prompt-token logprobs) are not supported with "
+                             "llama_dflash.Llama: the prompt is prefilled without logits")
+        return self._create_completion_with_logprobs(args, kwargs)
+
+    def _create_completion_with_logprobs(self, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """The base completion with a scores buffer that `generate()` fills row by row.
+
+        Runs lazily like the base generator: the buffer is installed when the request starts
+        (the base calls `generate()` in that same step, which takes it) and dropped at its end."""
+        # zeros: pages of rows never written (prompt rows, the unused tail) cost no memory
+        scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
+        saved = self.scores
+        self.scores = scores
+        self._record_into = scores
+        self._logits_all = True  # the base refuses logprobs without it; nothing else reads it here
+        try:
+            yield from super()._create_completion(*args, **kwargs)
+        finally:
+            if self._record_into is scores:
+                self._record_into = None
+            if self.scores is scores:  # else a later logprobs request owns both by now
+                self.scores = saved
+                self._logits_all = False
 
     def sampling_params(
         self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
@@ -192,6 +225,10 @@ class Llama(llama_cpp.Llama):
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, prompt=prompt,
             logits_processor=logits_processor,
         )
+        record, self._record_into = self._record_into, None  # only the request that set it
+        if record is not None:
+            params = dataclasses.replace(
+                params, logits_hook=ScoreRecorder(record, len(prompt) - 1, params.logits_hook))
         # unbounded like llama_cpp.Llama.generate (up to the context size): _create_completion
         # sometimes asks for one more token than max_tokens (incomplete UTF-8 at the end)
         return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria)
