@@ -20,7 +20,7 @@ import time
 from typing import Any, AsyncIterator, Iterator, Optional
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 __all__ = ["create_app", "Metrics"]
 
@@ -29,6 +29,18 @@ _COMMON = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens
 _COMPLETION = _COMMON + ("suffix", "echo", "logprobs")
 _CHAT = _COMMON + ("logprobs", "top_logprobs")
 
+
+
+def _json_default(obj: Any) -> Any:
+    """numpy scalars (llama_cpp's logprobs are float32) as plain numbers."""
+    item = getattr(obj, "item", None)
+    if item is not None:
+        return item()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default)
 
 class Metrics:
     """Counters over all requests served, rendered in Prometheus text format."""
@@ -138,7 +150,7 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
                 chunk["model"] = model_id
                 if "speculative" in chunk:
                     metrics.record(chunk["speculative"])
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield f"data: {_dumps(chunk)}\n\n".encode()
             yield b"data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 - report in-band, the status line is gone
             metrics.error()
@@ -191,7 +203,7 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             result = await asyncio.shield(future)
         except ValueError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from exc
-        return JSONResponse(result)
+        return Response(_dumps(result), media_type="application/json")
 
     async def body_of(request: Request) -> dict[str, Any]:
         try:

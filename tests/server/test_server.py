@@ -169,7 +169,7 @@ def test_metrics(server):
 
 def test_bad_requests(server):
     assert _post(server, "/v1/chat/completions", {"messages": []}).status_code == 400
-    assert _post(server, "/v1/completions", {"prompt": "a", "logprobs": 2}).status_code == 400
+    assert _post(server, "/v1/completions", {"prompt": "a", "logprobs": 2, "echo": True}).status_code == 400
 
 
 def test_metrics_label_ordinary(tiny_target):
@@ -184,3 +184,26 @@ def test_metrics_label_ordinary(tiny_target):
         assert 'algorithm="ordinary"' in client.get("/metrics").text
     finally:
         llm.close()
+
+
+def test_logprobs_through_http(server, reference):
+    body = {"prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0, "logprobs": 3}
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["logprobs"]
+    ref = reference.create_completion(PROMPTS[1], max_tokens=8, temperature=0, logprobs=3)["choices"][0]["logprobs"]
+    assert got["tokens"] == ref["tokens"] and got["text_offset"] == ref["text_offset"]
+    for a, b in zip(got["token_logprobs"], ref["token_logprobs"]):
+        assert abs(a - float(b)) < 1e-3
+    assert [sorted(d) for d in got["top_logprobs"]] == [sorted(d) for d in ref["top_logprobs"]]
+    with _post(server, "/v1/completions", dict(body, stream=True), stream=True) as r:
+        events = [e for e in _sse(r) if e != "DONE"]
+    assert all("error" not in e for e in events)
+    streamed = [t for e in events for t in (e["choices"][0].get("logprobs") or {}).get("tokens", [])]
+    assert streamed == ref["tokens"]
+    messages = [{"role": "user", "content": "hi there"}]
+    r = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "temperature": 0,
+                                               "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) >= 1 and all(len(c["top_logprobs"]) == 2 for c in content)
