@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
+from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
 from llama_dflash.writer import write_random_draft, write_tiny_target
 
 
@@ -29,17 +30,23 @@ def main() -> None:
     ap.add_argument("--n-embd", type=int, default=256)
     ap.add_argument("--n-layer", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--arch", choices=("lfm2", "qwen3next"), default="lfm2",
+                    help="qwen3next has no native rollback: only the checkpoint path runs")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="rollback-bench-")
-    target = write_tiny_target(os.path.join(tmp, "lfm2.gguf"), arch="lfm2", n_embd=args.n_embd,
-                               n_layer=args.n_layer, n_head=4, n_head_kv=2, n_ff=2 * args.n_embd, seed=1)
+    if args.arch == "lfm2":
+        target = write_tiny_target(os.path.join(tmp, "lfm2.gguf"), arch="lfm2", n_embd=args.n_embd,
+                                   n_layer=args.n_layer, n_head=4, n_head_kv=2, n_ff=2 * args.n_embd, seed=1)
+    else:
+        target = write_tiny_qwen3next(os.path.join(tmp, "qwen3next.gguf"), n_embd=args.n_embd,
+                                      n_layer=args.n_layer, seed=1)
     draft = write_random_draft(os.path.join(tmp, "draft.gguf"), target, block_size=args.draft_tokens + 1, seed=2)
     cfg = TargetConfig(target, n_ctx=1024, n_batch=128, n_ubatch=128, n_threads=args.threads)
     ordinary = OrdinaryDecoding(cfg)
     prompt = ordinary.tokenize("the quick brown fox and the lazy dog is")
     engines = {"ordinary": ordinary}
-    for mode in ("native", "checkpoint"):
+    for mode in ("native", "checkpoint") if args.arch == "lfm2" else ("checkpoint",):
         engines[mode] = LlamaDFlashDecoding(cfg, SpecConfig(draft, draft_n_max=args.draft_tokens, rollback=mode),
                                             model=ordinary._model)
     tps: dict[str, list[float]] = {name: [] for name in engines}
@@ -53,7 +60,7 @@ def main() -> None:
             ref = ref or res.tokens
             assert res.tokens == ref, f"{name} diverged from ordinary decoding"
             stats[name] = res.stats
-    print(f"lfm2 target n_embd={args.n_embd} n_layer={args.n_layer}, draft_n_max={args.draft_tokens}, "
+    print(f"{args.arch} target n_embd={args.n_embd} n_layer={args.n_layer}, draft_n_max={args.draft_tokens}, "
           f"{args.tokens} tokens, {args.runs} rounds; outputs identical to ordinary: True")
     print(f"{'mode':<11} {'tok/s':>8} {'steps':>6} {'rollbacks':>9}  per-step rollback cost")
     for name in engines:

@@ -1,8 +1,9 @@
 """Recurrent/hybrid targets: native n_rs_seq rollback and checkpoint/restore/replay.
 
-The target is a tiny random lfm2 (short-convolution recurrent layers interleaved with attention
-layers), an architecture whose recurrent layers honour n_rs_seq, so both strategies run on it:
-"native" by default and "checkpoint" when forced.
+Two tiny random targets: lfm2 (short-convolution recurrent layers between attention layers),
+whose recurrent layers honour n_rs_seq, so both strategies run on it ("native" by default,
+"checkpoint" when forced); and qwen3next (gated-delta-net layers), which has no native
+rollback, so "auto" takes the checkpoint path.
 """
 
 from __future__ import annotations
@@ -17,46 +18,64 @@ from conftest import PROMPT_TEXT
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
 from llama_dflash.proposer import ScriptedProposer
 from llama_dflash.rewind import CheckpointRewinder, NativeRewinder
+from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
 from llama_dflash.writer import write_random_draft, write_tiny_target
 from spec_common import check_every_accepted_length, script_from_reference
 
 N_TOKENS = 64
-MODES = ("native", "checkpoint")
+
+
+CASES = [("lfm2", "native"), ("lfm2", "checkpoint"), ("qwen3next", "checkpoint")]
+
+
+class Pair:
+    """A hybrid target, a random draft for it, and the ordinary reference continuation."""
+
+    def __init__(self, tiny_dir, arch):
+        if arch == "lfm2":
+            self.target = write_tiny_target(str(tiny_dir / "lfm2.gguf"), arch="lfm2", n_layer=4, seed=11)
+        else:
+            self.target = write_tiny_qwen3next(str(tiny_dir / "qwen3next.gguf"), seed=1)
+        self.draft = write_random_draft(str(tiny_dir / f"{arch}_draft.gguf"), self.target, block_size=9, seed=12)
+        self.config = TargetConfig(self.target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+        with OrdinaryDecoding(self.config) as o:
+            self.prompt = o.tokenize(PROMPT_TEXT)
+            self.ref = o.generate(self.prompt, N_TOKENS, ignore_eos=True).tokens
+        assert len(set(self.ref)) > 5, "the fixture should not be degenerate"
 
 
 @pytest.fixture(scope="module")
-def hybrid_target(tiny_dir):
-    return write_tiny_target(str(tiny_dir / "lfm2.gguf"), arch="lfm2", n_layer=4, seed=11)
-
-
-@pytest.fixture(scope="module")
-def hybrid_draft(tiny_dir, hybrid_target):
-    return write_random_draft(str(tiny_dir / "lfm2_draft.gguf"), hybrid_target, block_size=9, seed=12)
+def pairs(tiny_dir):
+    return {arch: Pair(tiny_dir, arch) for arch in ("lfm2", "qwen3next")}
 
 
 @pytest.fixture()
-def hybrid_config(hybrid_target):
-    return TargetConfig(hybrid_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+def hybrid_config(pairs):
+    return pairs["lfm2"].config
 
 
-@pytest.fixture(scope="module")
-def hybrid_reference(hybrid_target):
-    cfg = TargetConfig(hybrid_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
-    with OrdinaryDecoding(cfg) as o:
-        prompt = o.tokenize(PROMPT_TEXT)
-        res = o.generate(prompt, N_TOKENS, ignore_eos=True)
-    assert len(set(res.tokens)) > 5, "the fixture should not be degenerate"
-    return prompt, res.tokens
+@pytest.fixture()
+def hybrid_draft(pairs):
+    return pairs["lfm2"].draft
+
+
+@pytest.fixture()
+def hybrid_target(pairs):
+    return pairs["lfm2"].target
 
 
 def _engine(config, draft, mode, n_max=8, **kw):
     return LlamaDFlashDecoding(config, SpecConfig(draft, draft_n_max=n_max, rollback=mode, **kw))
 
 
-def test_auto_picks_native_for_lfm2(hybrid_config, hybrid_draft, tiny_config, tiny_draft):
-    with _engine(hybrid_config, hybrid_draft, "auto") as eng:
-        assert isinstance(eng.rewinder, NativeRewinder)
+def test_auto_picks_the_rollback_mode(pairs, tiny_config, tiny_draft):
+    with _engine(pairs["lfm2"].config, pairs["lfm2"].draft, "auto") as eng:
+        assert isinstance(eng.rewinder, NativeRewinder)  # lfm2 honours n_rs_seq
         assert eng.rewinder.depth >= 8
+    with _engine(pairs["qwen3next"].config, pairs["qwen3next"].draft, "auto") as eng:
+        assert isinstance(eng.rewinder, CheckpointRewinder)  # qwen3next does not
+    with pytest.raises(ValueError, match="honours n_rs_seq"):
+        _engine(pairs["qwen3next"].config, pairs["qwen3next"].draft, "native")
     with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=4)) as eng:
         assert eng.rewinder.mode == "kv"  # attention-only: cells are cut directly
 
@@ -68,10 +87,12 @@ def test_forcing_on_attention_target_is_a_clear_error(tiny_config, tiny_draft):
         SpecConfig(tiny_draft, rollback="sometimes")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("arch,mode", CASES)
 @pytest.mark.parametrize("n_draft", range(1, 9))
-def test_greedy_output_matches_ordinary(hybrid_config, hybrid_draft, hybrid_reference, mode, n_draft):
-    prompt, ref = hybrid_reference
+def test_greedy_output_matches_ordinary(pairs, arch, mode, n_draft):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
     with _engine(hybrid_config, hybrid_draft, mode, n_max=n_draft) as eng:
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
         again = eng.generate(prompt, N_TOKENS, ignore_eos=True)
@@ -80,10 +101,12 @@ def test_greedy_output_matches_ordinary(hybrid_config, hybrid_draft, hybrid_refe
     assert res.stats.rollback_mode == mode
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("arch,mode", CASES)
 @pytest.mark.parametrize("backend_sampling", (True, False))
-def test_every_accepted_length(hybrid_config, hybrid_draft, hybrid_reference, mode, backend_sampling):
-    prompt, ref = hybrid_reference
+def test_every_accepted_length(pairs, arch, mode, backend_sampling):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
     with _engine(hybrid_config, hybrid_draft, mode, backend_sampling=backend_sampling) as eng:
         res = check_every_accepted_length(eng, prompt, ref, 8)
         s = res.stats
@@ -98,10 +121,12 @@ def test_every_accepted_length(hybrid_config, hybrid_draft, hybrid_reference, mo
             assert s.checkpoint_capture_seconds > 0 and s.checkpoint_restore_seconds > 0
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_stream_closed_mid_step_then_next_request_correct(hybrid_config, hybrid_draft, hybrid_reference, mode):
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_stream_closed_mid_step_then_next_request_correct(pairs, arch, mode):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
     """A consumer that stops inside a step leaves the caches at the tokens it took."""
-    prompt, ref = hybrid_reference
+    prompt, ref = pair.prompt, pair.ref
     with _engine(hybrid_config, hybrid_draft, mode) as eng:
         # every draft fully right: each step yields 9 tokens; stop after 3 of the second step
         eng.use_proposer(ScriptedProposer(eng._dflash, script_from_reference(prompt, ref, lambda i, n: n)))
@@ -116,17 +141,22 @@ def test_stream_closed_mid_step_then_next_request_correct(hybrid_config, hybrid_
         assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_p_min_one_drafts_nothing(hybrid_config, hybrid_draft, hybrid_reference, mode):
-    prompt, ref = hybrid_reference
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_p_min_one_drafts_nothing(pairs, arch, mode):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
     with _engine(hybrid_config, hybrid_draft, mode, draft_p_min=1.0) as eng:
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
     assert res.tokens == ref
     assert res.stats.verified == 0 and res.stats.checkpoint_captures == 0
 
 
-def test_checkpoint_memory_does_not_grow(hybrid_config, hybrid_draft, hybrid_reference):
-    prompt, ref = hybrid_reference
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3next"])
+def test_checkpoint_memory_does_not_grow(pairs, arch):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
     with _engine(hybrid_config, hybrid_draft, "checkpoint", n_max=4) as eng:
         held = []
         for _ in range(20):
@@ -137,16 +167,20 @@ def test_checkpoint_memory_does_not_grow(hybrid_config, hybrid_draft, hybrid_ref
         assert held[0] > 0 and len(set(held)) == 1, held
 
 
-def test_auto_controller_on_hybrid(hybrid_config, hybrid_draft, hybrid_reference):
-    prompt, ref = hybrid_reference
-    for mode in MODES:
-        with _engine(hybrid_config, hybrid_draft, mode, n_max="auto") as eng:
-            assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_auto_controller_on_hybrid(pairs, arch, mode):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
+    with _engine(hybrid_config, hybrid_draft, mode, n_max="auto") as eng:
+        assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_dspark_draft_on_hybrid_target(tiny_dir, hybrid_target, hybrid_config, hybrid_reference, mode):
-    prompt, ref = hybrid_reference
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_dspark_draft_on_hybrid_target(pairs, arch, tiny_dir, mode):
+    pair = pairs[arch]
+    hybrid_config, hybrid_draft, hybrid_target = pair.config, pair.draft, pair.target
+    prompt, ref = pair.prompt, pair.ref
     draft = write_random_draft(str(tiny_dir / "lfm2_dspark.gguf"), hybrid_target, block_size=9,
                                markov_rank=8, confidence_head=True, seed=13)
     with _engine(hybrid_config, draft, mode, n_max=6) as eng:
@@ -157,8 +191,9 @@ def test_dspark_draft_on_hybrid_target(tiny_dir, hybrid_target, hybrid_config, h
     assert (res.stats.native_rollbacks if mode == "native" else res.stats.checkpoint_restores) == res.stats.rollbacks
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_bench_reports_rollback_counters(tmp_path, hybrid_target, hybrid_draft, mode):
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_bench_reports_rollback_counters(tmp_path, pairs, arch, mode):
+    hybrid_target, hybrid_draft = pairs[arch].target, pairs[arch].draft
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "llama_dflash.cli", "bench", "--model", hybrid_target, "--draft-model", hybrid_draft,
