@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .writer import tiny_vocab
+from .writer import add_tiny_tokenizer, tiny_vocab
 
 __all__ = ["write_tiny_qwen3next", "recurrent_layers"]
 
@@ -49,8 +49,7 @@ def write_tiny_qwen3next(
         raise ValueError(f"n_layer must be at least {FULL_ATTENTION_INTERVAL} (one attention layer), not {n_layer}")
 
     rng = np.random.default_rng(seed)
-    tokens, scores, types = tiny_vocab()
-    n_vocab = len(tokens)
+    n_vocab = len(tiny_vocab()[0])
 
     # full attention
     n_head, n_head_kv = 4, 2
@@ -102,17 +101,7 @@ def write_tiny_qwen3next(
     w.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    # tokenizer: the same fields as write_tiny_target
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_tiny_tokenizer(w)  # the same tokenizer as write_tiny_target
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
     w.add_tensor("output_norm.weight", ones(n_embd))

@@ -18,6 +18,7 @@ __all__ = [
     "write_draft",
     "write_random_draft",
     "write_tiny_target",
+    "add_tiny_tokenizer",
     "copy_tokenizer_fields",
     "evenly_spread_layers",
 ]
@@ -286,6 +287,22 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+def add_tiny_tokenizer(w) -> int:
+    """Write the tiny SPM tokenizer (`tiny_vocab`) into GGUFWriter `w`; returns the vocab size."""
+    tokens, scores, types = tiny_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    return len(tokens)
+
+
 def write_tiny_target(
     path: str,
     *,
@@ -316,8 +333,7 @@ def write_tiny_target(
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens, scores, types = tiny_vocab()
-    n_vocab = len(tokens)
+    n_vocab = len(tiny_vocab()[0])
     hd = n_embd // n_head
 
     def mat(rows: int, cols: int, s: float = scale) -> np.ndarray:
@@ -338,16 +354,7 @@ def write_tiny_target(
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_tiny_tokenizer(w)
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd))).astype(np.float32))
     # lfm2 names its final norm token_embd_norm
     w.add_tensor("token_embd_norm.weight" if hybrid else "output_norm.weight", np.ones(n_embd, dtype=np.float32))

@@ -7,6 +7,7 @@ import pytest
 
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
+from hl_fixtures import ordinary, spec  # noqa: F401 (fixtures)
 
 PROMPTS = ["the quick brown fox and the lazy dog is", "a b c d", "hello world of the"]
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
@@ -15,20 +16,6 @@ KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
 @pytest.fixture(scope="module")
 def plain(tiny_target):
     llm = llama_cpp.Llama(tiny_target, verbose=False, **KW)
-    yield llm
-    llm.close()
-
-
-@pytest.fixture(scope="module")
-def spec(tiny_target, tiny_draft):
-    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **KW)
-    yield llm
-    llm.close()
-
-
-@pytest.fixture(scope="module")
-def ordinary(tiny_target):
-    llm = Llama(tiny_target, **KW)
     yield llm
     llm.close()
 

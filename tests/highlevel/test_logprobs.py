@@ -15,6 +15,7 @@ import pytest
 
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
+from hl_fixtures import ordinary, spec  # noqa: F401 (fixtures)
 from llama_dflash.logprobs import ScoreRecorder
 from llama_dflash.proposer import ScriptedProposer
 
@@ -27,20 +28,6 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 @pytest.fixture(scope="module")
 def ref(tiny_target):
     llm = llama_cpp.Llama(tiny_target, verbose=False, logits_all=True, flash_attn=True, **KW)
-    yield llm
-    llm.close()
-
-
-@pytest.fixture(scope="module")
-def spec(tiny_target, tiny_draft):
-    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **KW)
-    yield llm
-    llm.close()
-
-
-@pytest.fixture(scope="module")
-def ordinary(tiny_target):
-    llm = Llama(tiny_target, **KW)
     yield llm
     llm.close()
 
