@@ -213,3 +213,27 @@ def test_bench_reports_rollback_counters(tmp_path, pairs, arch, mode):
         assert s["checkpoint_restores"] == s["rollbacks"] and s["checkpoint_captures"] >= s["rollbacks"]
         assert s["checkpoint_bytes"] > 0 and s["checkpoint_seconds"] > 0
         assert "  checkpoint          : " in proc.stdout
+
+
+@pytest.mark.parametrize("arch,mode", CASES)
+def test_rewind_before_the_last_decode_empties_the_cache(pairs, arch, mode):
+    """A stop token sampled from a step's first row takes the cache back before that step's
+    first position: no snapshot or checkpoint covers it, so the cache is emptied (and says so)."""
+    pair = pairs[arch]
+    with _engine(pair.config, pair.draft, mode, n_max=4) as eng:
+        t, rw = eng.target, eng.rewinder
+        t.clear()
+        rw.reset()
+        t.decode(pair.prompt[:-1], 0, logits="none")
+        pos0 = len(pair.prompt) - 1
+        block = [pair.prompt[-1], *pair.ref[:3]]
+        rw.before_verify(pos0, block)
+        t.decode(block, pos0, logits="all")
+        assert rw.rewind(pos0 + 2) == pos0 + 2  # within reach
+        rw.settle()
+        assert t.pos_max() == pos0 + 1
+        rw.before_verify(pos0 + 2, block[2:3])
+        t.decode(block[2:3], pos0 + 2, logits="all")
+        assert rw.rewind(pos0 + 2) == 0  # before the last decode: out of reach
+        rw.settle()
+        assert t.pos_max() == -1
