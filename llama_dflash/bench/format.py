@@ -18,7 +18,8 @@ def format_header(res: BenchResult) -> str:
         f"Prompt         : {c.prompt!r}",
         f"Measured runs  : {c.runs} x {c.max_tokens} tokens per mode",
         f"Warmup         : {c.warmup_tokens} tokens per mode",
-        f"Draft settings : max={res.draft_n_max}, min={c.spec.draft_n_min}, p_min={c.spec.draft_p_min:g}",
+        f"Draft settings : max={'auto (adaptive, up to ' + str(res.draft_n_max) + ')' if c.spec.adaptive else res.draft_n_max}"
+        f", min={c.spec.draft_n_min}, p_min={c.spec.draft_p_min:g}",
         f"Backend sample : {'enabled' if c.spec.backend_sampling else 'disabled'}",
         f"Ignore EOG     : {c.ignore_eos}",
         "Limitations    : text-only, seq_id=0",
