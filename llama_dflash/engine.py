@@ -159,9 +159,7 @@ class LlamaDFlashDecoding(_Decoder):
         self.proposer: Optional[Proposer] = None
         try:
             # recurrent state snapshots for native rollback are sized when the context is made
-            recurrent = is_recurrent_model(self._model)
-            n_rs_seq = (native_depth_needed(self.draft_info.max_draft_tokens)
-                        if recurrent and spec.rollback != "checkpoint" else 0)
+            n_rs_seq = self._native_depth(target, spec, is_recurrent_model(self._model))
             self.target = TargetContext(
                 self._model, target, extract_layers=self.draft_info.target_layers,
                 n_rs_seq=n_rs_seq, n_outputs_max_per_seq=0,
@@ -176,6 +174,22 @@ class LlamaDFlashDecoding(_Decoder):
         except BaseException:
             self.close()
             raise
+
+    def _native_depth(self, target: TargetConfig, spec: SpecConfig, recurrent: bool) -> int:
+        """n_rs_seq for the target context: the draft's block, when native rollback is wanted and
+        possible.  llama.cpp keeps a decode's last n_rs_seq + 1 tokens in one ubatch and aborts
+        the process when n_ubatch is not larger than n_rs_seq, so that is checked here."""
+        if not recurrent or spec.rollback == "checkpoint":
+            return 0
+        depth = native_depth_needed(self.draft_info.max_draft_tokens)
+        if min(target.n_ubatch, target.n_batch) > depth:
+            return depth
+        if spec.rollback == "native":
+            raise ValueError(
+                f"rollback='native' keeps {depth} recurrent snapshots (the draft's block), which needs "
+                f"n_ubatch > {depth}, not {min(target.n_ubatch, target.n_batch)}; raise n_ubatch or use "
+                "rollback='checkpoint'")
+        return 0  # auto: checkpoints instead
 
     @property
     def draft_n_max(self) -> int:

@@ -237,3 +237,14 @@ def test_rewind_before_the_last_decode_empties_the_cache(pairs, arch, mode):
         assert rw.rewind(pos0 + 2) == 0  # before the last decode: out of reach
         rw.settle()
         assert t.pos_max() == -1
+
+
+def test_small_ubatch_native_refused_auto_uses_checkpoints(pairs):
+    """llama.cpp aborts when n_ubatch <= n_rs_seq: refused (forced native) or avoided (auto)."""
+    pair = pairs["lfm2"]
+    small = TargetConfig(pair.target, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1)
+    with pytest.raises(ValueError, match="n_ubatch > 8"):
+        _engine(small, pair.draft, "native")
+    with _engine(small, pair.draft, "auto") as eng:
+        assert eng.rewinder.mode == "checkpoint"
+        assert eng.generate(pair.prompt, 32, ignore_eos=True).tokens == pair.ref[:32]
