@@ -71,6 +71,10 @@ class _Decoder:
             return 0
         return n
 
+    def forget_cache(self) -> None:
+        """The caches were changed behind the engine's back: the next generation starts afresh."""
+        self._cached = []
+
     def _track(self, gen: Iterator[int], prompt: list[int], state: GenerationState) -> Iterator[int]:
         """Pass tokens through; remember what the caches hold once the generation ended or its
         consumer closed it (the loop's `finally` has rewound the caches to match by then)."""

@@ -21,14 +21,15 @@ uses and accepts a draft token only while the sample equals it, so outputs are d
 as with ordinary decoding (see `llama_dflash.sampling`).  Supported: temperature, top_k, top_p,
 min_p, repeat/presence/frequency penalties (llama.cpp semantics, last 64 generated tokens), seed,
 logit_bias / logits processors, stopping criteria on token ids (they get an empty scores row).
-Not supported (ValueError): grammar, mirostat, logprobs together with echo=True (the prompt is
-prefilled without logits).  typical_p and tfs_z are ignored.
+Not supported (ValueError): grammar, mirostat.  typical_p and tfs_z are ignored.
 
 Logprobs: `create_completion(logprobs=N)` (streaming or not) and
 `create_chat_completion(logprobs=True, top_logprobs=N)` work as with
 `llama_cpp.Llama(..., logits_all=True)`: the raw target row each generated token was sampled from
 is copied into `scores` (see `llama_dflash.logprobs`) and llama-cpp-python's own code builds the
 response.  Only requests that ask for logprobs copy rows; the others sample exactly as before.
+With echo=True the prompt tokens' rows come from one extra pass over the prompt with logits for
+every row (the generation itself prefills without logits).
 
 Only one generation runs at a time on one object: starting a new one closes a still-open
 previous generator first (so an abandoned stream cannot rewind the caches under the new one).
@@ -107,6 +108,7 @@ class Llama(llama_cpp.Llama):
         self.last_stats: SpecStats = self._engine.last_stats
         self._active: Optional[Iterator[int]] = None
         self._record_into: Optional[np.ndarray] = None  # scores buffer of a logprobs request
+        self._record_prompt = False
 
     # ---- what llama_cpp.Llama asks of its model -----------------------------------------------
     def n_ctx(self) -> int:
@@ -139,9 +141,6 @@ class Llama(llama_cpp.Llama):
     def _create_completion(self, *args: Any, **kwargs: Any):
         if kwargs.get("logprobs") is None:
             return super()._create_completion(*args, **kwargs)
-        if kwargs.get("echo"):
-            raise ValueError("logprobs with echo=True (prompt-token logprobs) are not supported with "
-                             "llama_dflash.Llama: the prompt is prefilled without logits")
         return self._create_completion_with_logprobs(args, kwargs)
 
     def _create_completion_with_logprobs(self, args: tuple, kwargs: dict) -> Iterator[Any]:
@@ -154,6 +153,7 @@ class Llama(llama_cpp.Llama):
         saved = self.scores
         self.scores = scores
         self._record_into = scores
+        self._record_prompt = bool(kwargs.get("echo"))  # echo: the prompt tokens' logprobs too
         self._logits_all = True  # the base refuses logprobs without it; nothing else reads it here
         try:
             yield from super()._create_completion(*args, **kwargs)
@@ -227,11 +227,31 @@ class Llama(llama_cpp.Llama):
         )
         record, self._record_into = self._record_into, None  # only the request that set it
         if record is not None:
+            if self._record_prompt:
+                self._record_prompt_rows(prompt, record)
             params = dataclasses.replace(
                 params, logits_hook=ScoreRecorder(record, len(prompt) - 1, params.logits_hook))
         # unbounded like llama_cpp.Llama.generate (up to the context size): _create_completion
         # sometimes asks for one more token than max_tokens (incomplete UTF-8 at the end)
         return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria)
+
+    def _record_prompt_rows(self, prompt: list[int], scores: np.ndarray) -> None:
+        """Rows 0..n-2 of `scores`: the target's logits after each prompt token but the last
+        (what echo=True logprobs read).  The generation prefills without logits, so this is one
+        extra pass over the prompt with logits for every row; the caches are reset afterwards
+        (the draft did not see that pass), so the generation starts from scratch."""
+        self._close_active()
+        target = self._engine.target
+        target.clear()
+        body = prompt[:-1]
+        step = target.ctx.n_batch
+        for start in range(0, len(body), step):
+            chunk = body[start : start + step]
+            target.decode(chunk, start, logits="all")
+            for i in range(len(chunk)):
+                scores[start + i, :] = target.logits_row(i)
+        target.clear()
+        self._engine.forget_cache()
 
     def _run(self, prompt: list[int], params: SamplingParams, limit: int,
              stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None) -> Iterator[int]:

@@ -118,7 +118,7 @@ def test_closed_stream_then_correct_request(plain, spec):
 
 def test_unsupported_options_refused(spec):
     with pytest.raises(ValueError):
-        spec.create_completion("a", max_tokens=2, logprobs=2, echo=True)  # prompt logprobs
+        spec.create_completion("a", max_tokens=2, mirostat_mode=2)
     with pytest.raises(ValueError):
         Llama(spec.model_path, logits_all=True, n_ctx=64)
 

@@ -152,12 +152,19 @@ def test_logprobs_with_penalties_and_logit_bias_report_raw_rows(ref, spec):
     _same(ref.create_completion(PROMPTS[0], **kw)["choices"], spec.create_completion(PROMPTS[0], **kw)["choices"])
 
 
-def test_echo_with_logprobs_refused(spec):
-    with pytest.raises(ValueError, match="echo"):
-        spec.create_completion("a b", max_tokens=2, logprobs=2, echo=True)
-    # echo alone and logprobs alone are fine
-    assert spec.create_completion("a b", max_tokens=2, echo=True)["choices"][0]["text"].startswith("a b")
-    assert spec.create_completion("a b", max_tokens=2, logprobs=2)["choices"][0]["logprobs"]["tokens"]
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_echo_with_logprobs_like_llama_cpp(ref, spec, ordinary, prompt):
+    """Prompt-token logprobs (echo=True) come from an extra pass over the prompt."""
+    kw = dict(max_tokens=8, temperature=0, logprobs=2, echo=True)
+    expected = ref.create_completion(prompt, **kw)
+    assert len(expected["choices"][0]["logprobs"]["tokens"]) > 8
+    for llm in (spec, ordinary):
+        _same(expected["choices"], llm.create_completion(prompt, **kw)["choices"])
+        # the next request (reusing caches) is still right
+        _same(ref.create_completion(prompt, max_tokens=8, temperature=0)["choices"],
+              llm.create_completion(prompt, max_tokens=8, temperature=0)["choices"])
+    expected = [c["choices"] for c in ref.create_completion(prompt, stream=True, **kw)]
+    _same(expected, [c["choices"] for c in spec.create_completion(prompt, stream=True, **kw)])
 
 
 def test_no_row_work_without_logprobs(spec, ordinary, monkeypatch):
