@@ -21,7 +21,9 @@ uses and accepts a draft token only while the sample equals it, so outputs are d
 as with ordinary decoding (see `llama_dflash.sampling`).  Supported: temperature, top_k, top_p,
 min_p, repeat/presence/frequency penalties (llama.cpp semantics, last 64 generated tokens), seed,
 logit_bias / logits processors, stopping criteria on token ids (they get an empty scores row).
-Not supported (ValueError): grammar, mirostat.  typical_p and tfs_z are ignored.
+Grammars (`grammar=llama_cpp.LlamaGrammar...`) constrain sampling through llama.cpp's grammar
+sampler (see `llama_dflash.grammar`).  Not supported (ValueError): mirostat.  typical_p and tfs_z
+are ignored.
 
 Logprobs: `create_completion(logprobs=N)` (streaming or not) and
 `create_chat_completion(logprobs=True, top_logprobs=N)` work as with
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import llama_cpp
 import numpy as np
@@ -48,6 +50,7 @@ import numpy as np
 from .config import SpecConfig, TargetConfig
 from .engine import LlamaDFlashDecoding, OrdinaryDecoding
 from .inspect import read_gguf
+from .grammar import GrammarMask
 from .logprobs import ScoreRecorder
 from .sampling import SamplingParams
 from .stats import SpecStats
@@ -215,8 +218,6 @@ class Llama(llama_cpp.Llama):
         """Yield generated tokens (EOG tokens included, as llama_cpp.Llama does; the caller stops)."""
         if self._engine is None:
             raise RuntimeError("this Llama is closed")
-        if grammar is not None:
-            raise ValueError("grammars are not supported with llama_dflash.Llama")
         if mirostat_mode:
             raise ValueError("mirostat sampling is not supported with llama_dflash.Llama")
         prompt = [int(t) for t in tokens]
@@ -225,6 +226,10 @@ class Llama(llama_cpp.Llama):
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, prompt=prompt,
             logits_processor=logits_processor,
         )
+        mask = None
+        if grammar is not None:  # before the recorder: logprobs stay those of the raw rows
+            mask = GrammarMask(self._model.vocab, grammar, self._n_vocab, params.logits_hook)
+            params = dataclasses.replace(params, logits_hook=mask)
         record, self._record_into = self._record_into, None  # only the request that set it
         if record is not None:
             if self._record_prompt:
@@ -233,7 +238,8 @@ class Llama(llama_cpp.Llama):
                 params, logits_hook=ScoreRecorder(record, len(prompt) - 1, params.logits_hook))
         # unbounded like llama_cpp.Llama.generate (up to the context size): _create_completion
         # sometimes asks for one more token than max_tokens (incomplete UTF-8 at the end)
-        return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria)
+        return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria,
+                         on_close=mask.close if mask is not None else None)
 
     def _record_prompt_rows(self, prompt: list[int], scores: np.ndarray) -> None:
         """Rows 0..n-2 of `scores`: the target's logits after each prompt token but the last
@@ -254,7 +260,8 @@ class Llama(llama_cpp.Llama):
         self._engine.forget_cache()
 
     def _run(self, prompt: list[int], params: SamplingParams, limit: int,
-             stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None) -> Iterator[int]:
+             stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None,
+             on_close: Optional[Callable[[], None]] = None) -> Iterator[int]:
         self._close_active()  # an abandoned generator must not rewind the caches under this one
         # like llama_cpp.Llama, the cached prefix shared with the last call is not decoded again
         inner = self._engine.stream(prompt, max(0, limit), params, ignore_eos=True, reuse_prefix=True)
@@ -279,6 +286,8 @@ class Llama(llama_cpp.Llama):
             inner.close()
             if self._active is inner:
                 self._active = None
+            if on_close is not None:
+                on_close()
 
     # ---- responses carry the statistics ---------------------------------------------------------
     def create_completion(self, *args: Any, **kwargs: Any):
