@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 __all__ = ["create_app", "Metrics"]
 
 _COMMON = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens", "presence_penalty",
-           "frequency_penalty", "repeat_penalty", "logit_bias")
+           "frequency_penalty", "repeat_penalty", "logit_bias", "grammar")
 _COMPLETION = _COMMON + ("suffix", "echo", "logprobs")
 _CHAT = _COMMON + ("logprobs", "top_logprobs")
 
@@ -103,6 +103,12 @@ def _pick(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     kw = {k: body[k] for k in names if k in body and body[k] is not None}
     if "logit_bias" in kw:
         kw["logit_bias"] = {int(k): float(v) for k, v in kw["logit_bias"].items()}
+    if "grammar" in kw:  # GBNF text, as llama-cpp-python's server takes it
+        if not isinstance(kw["grammar"], str) or not kw["grammar"].strip():
+            raise HTTPException(status_code=400, detail="grammar must be a GBNF string")
+        from llama_cpp import LlamaGrammar
+
+        kw["grammar"] = LlamaGrammar.from_string(kw["grammar"], verbose=False)
     return kw
 
 

@@ -207,3 +207,19 @@ def test_logprobs_through_http(server, reference):
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
     assert len(content) >= 1 and all(len(c["top_logprobs"]) == 2 for c in content)
+
+
+def test_grammar_through_http(server, reference):
+    import llama_cpp
+
+    gbnf = 'root ::= ("the" | "a" | "dog") (" " ("the" | "a" | "dog"))*'
+    body = {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0, "grammar": gbnf}
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    ref = reference.create_completion(PROMPTS[0], max_tokens=10, temperature=0,
+                                      grammar=llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False))
+    text = r.json()["choices"][0]["text"]
+    assert text == ref["choices"][0]["text"]
+    assert set(text.split()[:-1]) <= {"the", "a", "dog"}  # the last word may be cut by max_tokens
+    assert _post(server, "/v1/completions", dict(body, grammar=5)).status_code == 400
+    assert _post(server, "/v1/completions", dict(body, grammar="root ::= (")).status_code == 400
