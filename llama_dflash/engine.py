@@ -186,13 +186,12 @@ class LlamaDFlashDecoding(_Decoder):
         if not recurrent or spec.rollback == "checkpoint":
             return 0
         depth = native_depth_needed(self.draft_info.max_draft_tokens)
-        if min(target.n_ubatch, target.n_batch) > depth:
+        if target.n_ubatch > depth:  # (TargetConfig keeps n_ubatch <= n_batch)
             return depth
         if spec.rollback == "native":
             raise ValueError(
                 f"rollback='native' keeps {depth} recurrent snapshots (the draft's block), which needs "
-                f"n_ubatch > {depth}, not {min(target.n_ubatch, target.n_batch)}; raise n_ubatch or use "
-                "rollback='checkpoint'")
+                f"n_ubatch > {depth}, not {target.n_ubatch}; raise n_ubatch or use rollback='checkpoint'")
         return 0  # auto: checkpoints instead
 
     @property
@@ -225,7 +224,6 @@ class LlamaDFlashDecoding(_Decoder):
             adaptive=getattr(self, "controller", None) is not None,
             backend_sampling_requested=self.spec.backend_sampling,
             backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
-            rollback_mode=getattr(getattr(self, "rewinder", None), "mode", "kv"),
         )
 
     def close(self) -> None:

@@ -80,6 +80,19 @@ def _check_reuse(prompt: Sequence[int], n_reuse: int) -> None:
         raise ValueError(f"n_reuse={n_reuse} must leave at least the last prompt token to decode")
 
 
+def _start_caches(target: TargetContext, proposer: Optional[Proposer], n_reuse: int) -> None:
+    """Empty the caches, or keep their first n_reuse positions (prefix reuse)."""
+    if n_reuse == 0:
+        target.clear()
+        if proposer is not None:
+            proposer.clear()
+        return
+    if not target.seq_rm(n_reuse):
+        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_reuse}")
+    if proposer is not None:
+        proposer.rollback(n_reuse)
+
+
 def _is_stop(token: int, target: TargetContext, ignore_eos: bool) -> bool:
     return not ignore_eos and target.model.is_eog(token)
 
@@ -103,13 +116,9 @@ def ordinary_generate(
     check_prompt(prompt, target.n_ctx, target.n_vocab)
     _check_reuse(prompt, n_reuse)
     t_start = time.perf_counter()
-    if n_reuse == 0:
-        target.clear()
-    elif not target.seq_rm(n_reuse):
-        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_reuse}")
+    _start_caches(target, None, n_reuse)
     state.prompt_tokens = stats.prompt_tokens = len(prompt)
     stats.reused_prompt_tokens = n_reuse
-    state.n_past = n_reuse
     prefill(target, prompt[n_reuse:-1], pos0=n_reuse)
     stats.prefill_seconds = time.perf_counter() - t_start
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
@@ -171,16 +180,9 @@ def speculative_generate(
     _check_reuse(prompt, n_reuse)
     t_start = time.perf_counter()
     rewinder.reset()
-    if n_reuse == 0:
-        target.clear()
-        proposer.clear()
-    elif not target.seq_rm(n_reuse):
-        raise LlamaCallError(f"llama_memory_seq_rm failed on the target at position {n_reuse}")
-    else:
-        proposer.rollback(n_reuse)
+    _start_caches(target, proposer, n_reuse)
     state.prompt_tokens = stats.prompt_tokens = len(prompt)
     stats.reused_prompt_tokens = n_reuse
-    state.n_past = n_reuse
 
     def inject(features: np.ndarray, pos0: int) -> None:
         proposer.inject(features, pos0)

@@ -33,7 +33,7 @@ from .stats import SpecStats
 from .target import TargetContext
 
 __all__ = [
-    "ROLLBACK_MODES", "Rewinder", "KVRewinder", "NativeRewinder", "CheckpointRewinder",
+    "ROLLBACK_MODES", "Rewinder", "NativeRewinder", "CheckpointRewinder",
     "make_rewinder", "is_recurrent_model", "native_depth_needed",
 ]
 
@@ -87,9 +87,6 @@ class Rewinder:
 
     def close(self) -> None:
         pass
-
-
-KVRewinder = Rewinder
 
 
 class NativeRewinder(Rewinder):

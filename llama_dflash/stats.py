@@ -108,10 +108,10 @@ class SpecStats:
         """Add another run's counters to these (for aggregates over several runs)."""
         for name in (
             "drafted", "verified", "accepted", "verification_steps", "draft_steps", "rollbacks",
-            "native_rollbacks", "checkpoint_captures", "checkpoint_restores", "replayed_tokens",
-            "checkpoint_capture_seconds", "checkpoint_restore_seconds", "replay_seconds", "native_rollback_seconds",
-            "generated_tokens", "prompt_tokens", "reused_prompt_tokens", "target_seconds", "draft_seconds", "process_seconds", "sample_seconds",
-            "prefill_seconds", "total_seconds", "first_token_seconds",
+            "native_rollbacks", "native_rollback_seconds", "checkpoint_captures", "checkpoint_restores",
+            "replayed_tokens", "checkpoint_capture_seconds", "checkpoint_restore_seconds", "replay_seconds",
+            "generated_tokens", "prompt_tokens", "reused_prompt_tokens", "target_seconds", "draft_seconds",
+            "process_seconds", "sample_seconds", "prefill_seconds", "total_seconds", "first_token_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in (

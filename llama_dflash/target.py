@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from typing import Sequence
 
@@ -31,10 +32,8 @@ def float_view(ptr: "ctypes._Pointer[ctypes.c_float]", shape: tuple[int, ...]) -
     if view is None:
         if len(_views) > 256:
             _views.clear()
-        n = 1
-        for d in shape:
-            n *= d
-        view = np.frombuffer((ctypes.c_float * n).from_address(addr), dtype=np.float32).reshape(shape)
+        view = np.frombuffer((ctypes.c_float * math.prod(shape)).from_address(addr), dtype=np.float32)
+        view = view.reshape(shape)
         _views[key] = view
     return view
 
