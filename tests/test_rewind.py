@@ -248,3 +248,21 @@ def test_small_ubatch_native_refused_auto_uses_checkpoints(pairs):
     with _engine(small, pair.draft, "auto") as eng:
         assert eng.rewinder.mode == "checkpoint"
         assert eng.generate(pair.prompt, 32, ignore_eos=True).tokens == pair.ref[:32]
+
+
+@pytest.mark.parametrize("which,args,needle", [
+    ("lfm2", ["--rollback", "native", "--n-ubatch", "4"], "needs n_ubatch > 8"),
+    ("qwen3next", ["--rollback", "native"], "honours n_rs_seq"),
+    ("attention", ["--rollback", "checkpoint"], "recurrent or hybrid targets only"),
+    ("lfm2", ["--rollback", "sometimes"], "invalid choice"),
+])
+def test_bad_rollback_settings_exit_2(pairs, tiny_target, tiny_draft, which, args, needle):
+    target, draft = (tiny_target, tiny_draft) if which == "attention" else (pairs[which].target, pairs[which].draft)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llama_dflash.cli", "bench", "--model", target, "--draft-model", draft,
+         "--max-tokens", "4", "--runs", "1", "--n-ctx", "256", "--n-batch", "64", "--raw-prompt",
+         "--prompt", "a b", "--threads", "1", *(args if "--n-ubatch" in args else [*args, "--n-ubatch", "64"])],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
