@@ -87,6 +87,7 @@ class _Handle:
 
     def __init__(self) -> None:
         self._ptr: Optional[int] = None
+        self._owned = True  # False: someone else frees the handle (see `borrow`)
         _open.add(self)
 
     @property
@@ -104,7 +105,7 @@ class _Handle:
 
     def close(self) -> None:
         ptr, self._ptr = self._ptr, None
-        if ptr is not None:
+        if ptr is not None and self._owned:
             self._free(ptr)
         _open.discard(self)
 
@@ -138,12 +139,26 @@ class Model(_Handle):
         ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")
+        self._adopt(ptr, path)
+
+    @classmethod
+    def borrow(cls, ptr: int, path: str, repack: bool) -> "Model":
+        """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's)."""
+        self = cls.__new__(cls)
+        _Handle.__init__(self)
+        self._owned = False
+        self.repack = bool(repack)
+        self._adopt(ptr, path)
+        return self
+
+    def _adopt(self, ptr: int, path: str) -> None:
         self._ptr = ptr
         self.path = path
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_embd = int(ll.llama_model_n_embd(ptr))
         self.n_layer = int(ll.llama_model_n_layer(ptr))
+        self._eog: Optional[tuple[int, ...]] = None
 
     def _free(self, ptr: int) -> None:
         ll.llama_model_free(ptr)
@@ -171,6 +186,12 @@ class Model(_Handle):
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (computed once)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
+        return self._eog
+
     def meta(self, key: str) -> Optional[str]:
         buf = ctypes.create_string_buffer(256)
         n = ll.llama_model_meta_val_str(self.ptr, key.encode("utf-8"), buf, len(buf))
@@ -188,6 +209,19 @@ class Context(_Handle):
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not create a context for {model.path}")
+        self._adopt(ptr)
+
+    @classmethod
+    def borrow(cls, model: Model, ptr: int) -> "Context":
+        """A view of a context someone else created and frees (e.g. a llama_cpp.Llama's)."""
+        self = cls.__new__(cls)
+        _Handle.__init__(self)
+        self._owned = False
+        self.model = model
+        self._adopt(ptr)
+        return self
+
+    def _adopt(self, ptr: int) -> None:
         self._ptr = ptr
         self.memory = ll.llama_get_memory(ptr)
         self.n_ctx = int(ll.llama_n_ctx(ptr))

@@ -6,10 +6,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS", "ROLLBACK_MODES"]
+__all__ = ["SpecConfig", "TargetConfig", "ALGORITHMS", "ROLLBACK_MODES", "FLASH_ATTN_MODES"]
 
 ALGORITHMS = ("auto", "dflash", "dspark")
 ROLLBACK_MODES = ("auto", "native", "checkpoint")
+FLASH_ATTN_MODES = ("auto", "on", "off")
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: Optional[int] = None) -> None:
@@ -85,6 +86,7 @@ class TargetConfig:
     seed: int = 0
     verbose: bool = False
     repack: Optional[bool] = None  # llama.cpp CPU weight repacking; None: off on AMX CPUs (crashes there)
+    flash_attn: str = "auto"  # "auto" (llama.cpp's default), "on" or "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, (str, os.PathLike)) or not os.fspath(self.model):
@@ -98,3 +100,5 @@ class TargetConfig:
         if self.n_threads is not None:
             _check_int("n_threads", self.n_threads, 1)
         _check_int("n_gpu_layers", self.n_gpu_layers, -1)
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, not {self.flash_attn!r}")

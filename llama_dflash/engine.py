@@ -75,7 +75,8 @@ class _Decoder:
         """The caches were changed behind the engine's back: the next generation starts afresh."""
         self._cached = []
 
-    def _track(self, gen: Iterator[int], prompt: list[int], state: GenerationState) -> Iterator[int]:
+    def _track(self, gen: Iterator[int], prompt: list[int], state: GenerationState,
+               sampler: Sampler) -> Iterator[int]:
         """Pass tokens through; remember what the caches hold once the generation ended or its
         consumer closed it (the loop's `finally` has rewound the caches to match by then)."""
         try:
@@ -83,6 +84,9 @@ class _Decoder:
         except GeneratorExit:
             self._cached = (prompt + state.tokens)[: state.n_past]
             raise
+        finally:
+            gen.close()
+            sampler.close()
         self._cached = (prompt + state.tokens)[: state.n_past]
 
     def tokenize(self, text: str) -> list[int]:
@@ -91,8 +95,11 @@ class _Decoder:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.target.model.detokenize(list(tokens))
 
-    def _sampler(self, sampling: Optional[SamplingParams]) -> Sampler:
-        return Sampler(sampling or SamplingParams())
+    def _sampler(self, sampling: Optional[SamplingParams], ignore_eos: bool) -> Sampler:
+        """llama.cpp's sampler chain for one generation; ignore_eos masks end-of-generation
+        tokens out of sampling (llama.cpp's meaning of --ignore-eos)."""
+        model = self.target.model
+        return Sampler(sampling, n_vocab=model.n_vocab, banned=model.eog_tokens() if ignore_eos else ())
 
 
 def _load_target_model(config: TargetConfig, model: Optional[Model]) -> tuple[Model, bool]:
@@ -128,9 +135,9 @@ class OrdinaryDecoding(_Decoder):
         prompt = list(prompt)
         state = state if state is not None else GenerationState()
         n_reuse = self._n_reuse(prompt, reuse_prefix)
-        return self._track(ordinary_generate(self.target, prompt, max_tokens, self._sampler(sampling),
-                                             ignore_eos=ignore_eos, state=state, stats=self.last_stats,
-                                             n_reuse=n_reuse), prompt, state)
+        sampler = self._sampler(sampling, ignore_eos)
+        return self._track(ordinary_generate(self.target, prompt, max_tokens, sampler, state=state,
+                                             stats=self.last_stats, n_reuse=n_reuse), prompt, state, sampler)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
                  *, ignore_eos: bool = False, reuse_prefix: bool = False) -> GenerationResult:
@@ -271,10 +278,10 @@ class LlamaDFlashDecoding(_Decoder):
         prompt = list(prompt)
         state = state if state is not None else GenerationState()
         n_reuse = self._n_reuse(prompt, reuse_prefix)
-        gen = speculative_generate(self.target, self.proposer, prompt, max_tokens,
-                                   self._sampler(sampling), ignore_eos=ignore_eos, state=state, stats=stats,
-                                   controller=controller, rewinder=self.rewinder, n_reuse=n_reuse)
-        return self._track(gen, prompt, state)
+        sampler = self._sampler(sampling, ignore_eos)
+        gen = speculative_generate(self.target, self.proposer, prompt, max_tokens, sampler, state=state,
+                                   stats=stats, controller=controller, rewinder=self.rewinder, n_reuse=n_reuse)
+        return self._track(gen, prompt, state, sampler)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, sampling: Optional[SamplingParams] = None,
                  *, ignore_eos: bool = False, controller: Optional[DraftController] = None,

@@ -93,8 +93,9 @@ def _start_caches(target: TargetContext, proposer: Optional[Proposer], n_reuse: 
         proposer.rollback(n_reuse)
 
 
-def _is_stop(token: int, target: TargetContext, ignore_eos: bool) -> bool:
-    return not ignore_eos and target.model.is_eog(token)
+def _is_stop(token: int, target: TargetContext) -> bool:
+    """End of generation.  With ignore_eos the sampler masks these tokens, so none comes."""
+    return target.model.is_eog(token)
 
 
 def ordinary_generate(
@@ -103,7 +104,6 @@ def ordinary_generate(
     max_tokens: int,
     sampler: Sampler,
     *,
-    ignore_eos: bool = False,
     state: Optional[GenerationState] = None,
     stats: Optional[SpecStats] = None,
     n_reuse: int = 0,
@@ -130,15 +130,15 @@ def ordinary_generate(
                 return
             t0 = time.perf_counter()
             target.decode((id_last,), n_past, logits="last")
-            row = target.logits_row(0)
+            target.logits_row(0)  # synchronises with the device: the decode's time ends here
             t1 = time.perf_counter()
-            tok = sampler(row)
+            tok = sampler.sample(target.ctx.ptr, 0)
             stats.sample_seconds += time.perf_counter() - t1
             stats.target_seconds += t1 - t0
             stats.verification_steps += 1
             n_past += 1
             state.n_past = n_past
-            if _is_stop(tok, target, ignore_eos):
+            if _is_stop(tok, target):
                 state.finish_reason = "stop"
                 return
             if not state.tokens:
@@ -159,7 +159,6 @@ def speculative_generate(
     max_tokens: int,
     sampler: Sampler,
     *,
-    ignore_eos: bool = False,
     state: Optional[GenerationState] = None,
     stats: Optional[SpecStats] = None,
     controller: Optional[DraftController] = None,
@@ -214,7 +213,7 @@ def speculative_generate(
             if controller is not None:
                 controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
             for tok in ids:
-                if _is_stop(tok, target, ignore_eos):
+                if _is_stop(tok, target):
                     state.finish_reason = "stop"
                     return
                 if consumed == 0:
@@ -248,17 +247,17 @@ def _verify_and_accept(
     """Decode [id_last, *draft] with logits on every row; sample rows until one disagrees."""
     t0 = time.perf_counter()
     target.decode((id_last, *draft), n_past, logits="all")
-    first = target.logits_row(0)  # the first read synchronises with the device
+    target.logits_row(0)  # the first read synchronises with the device
     t1 = time.perf_counter()
     stats.target_seconds += t1 - t0
     ids: list[int] = []
-    row = first
+    ctx = target.ctx.ptr
     for i in range(len(draft) + 1):
-        if i:
-            row = target.logits_row(i)
-        tok = sampler(row)
+        tok = sampler.sample(ctx, i)
         ids.append(tok)
-        if i == len(draft) or tok != draft[i]:
+        # an end-of-generation sample ends the step, as llama.cpp's verification does: nothing
+        # after it is accepted (its row would condition on text past the end)
+        if i == len(draft) or tok != draft[i] or target.model.is_eog(tok):
             break
     t2 = time.perf_counter()
     stats.sample_seconds += t2 - t1

@@ -1,68 +1,71 @@
-"""`Llama`: a drop-in `llama_cpp.Llama` whose token generator is DFlash/DSpark speculative decoding.
+"""`Llama`: `llama_cpp.Llama` with DFlash/DSpark speculative decoding, a true drop-in.
 
-    from llama_dflash import SpecConfig
-    from llama_dflash.highlevel import Llama
+    from llama_dflash import Llama, SpecConfig
     llm = Llama("target.gguf", speculative=SpecConfig("draft.gguf"), n_ctx=2048)
     llm.create_completion("Once upon a time", max_tokens=64, temperature=0)
-    llm.create_chat_completion(messages=[...], stream=True)
 
-Everything above the token generator -- tokenisation, chat templates and handlers, stop
-sequences, max_tokens, streaming chunks, seeds -- is llama-cpp-python's own code: this class only
-overrides `generate()`.  The base class is loaded with `vocab_only=True` (tokenizer and metadata,
-no weights); the weights are loaded once, by our engine, with the target context and the draft
-context attached to it.
+Why it is a drop-in: the model, the context, the sampler chain, `generate`, completions, chat,
+logprobs, grammars, stopping criteria, `save_state`, pickling -- all of it is llama-cpp-python's
+own code running on llama-cpp-python's own model and context, built from the same constructor
+arguments.  Its `generate` already knows how to verify drafts: after each sampled token it asks
+`self.draft_model` for tokens, evaluates ``[token, *drafts]`` in one batch, samples the rows one by
+one with the same sampler chain and cuts the cache at the first disagreement, so the chain's state
+(random stream, penalty window, grammar, mirostat) advances exactly once per emitted token: the
+same call gives the same tokens, with or without a draft, at any temperature.  This class adds
+only what that loop cannot do by itself:
 
-Cache policy: every call starts from empty caches (the engine clears target and draft before the
-prefill), so draft and target can never disagree about a reused prefix.  Prompt-prefix reuse is
-therefore not done; the price is a full prefill per request.
+* a `Speculator` (DFlash/DSpark draft context attached to the target through `ctx_other`) as
+  `draft_model`;
+* an `eval` that decodes through our batch, asks for logits only on the rows that are sampled
+  (every row of a verification batch, the last of a prompt, all with ``logits_all=True``),
+  captures the target's layer inputs after every decode for the draft, and takes recurrent
+  caches back through `rewind`'s checkpoints where a plain cut does not work;
+* `n_tokens`/`sample()` kept as the reference keeps them after a generation ends mid-block;
+* `save_state`/`load_state` that carry the draft cache, pickling that carries `speculative`;
+* clear errors where the reference would crash the process (non-finite sampling values,
+  grammars llama.cpp's parser would overflow on, malformed GGUF files).
 
-Sampling: the engine samples every verified row with the same `Sampler` that ordinary decoding
-uses and accepts a draft token only while the sample equals it, so outputs are distributed exactly
-as with ordinary decoding (see `llama_dflash.sampling`).  Supported: temperature, top_k, top_p,
-min_p, repeat/presence/frequency penalties (llama.cpp semantics, last 64 generated tokens), seed,
-logit_bias / logits processors, stopping criteria on token ids (they get an empty scores row).
-Grammars (`grammar=llama_cpp.LlamaGrammar...`) constrain sampling through llama.cpp's grammar
-sampler (see `llama_dflash.grammar`).  Not supported (ValueError): mirostat.  typical_p and tfs_z
-are ignored.
-
-Logprobs: `create_completion(logprobs=N)` (streaming or not) and
-`create_chat_completion(logprobs=True, top_logprobs=N)` work as with
-`llama_cpp.Llama(..., logits_all=True)`: the raw target row each generated token was sampled from
-is copied into `scores` (see `llama_dflash.logprobs`) and llama-cpp-python's own code builds the
-response.  Only requests that ask for logprobs copy rows; the others sample exactly as before.
-With echo=True the prompt tokens' rows come from one extra pass over the prompt with logits for
-every row (the generation itself prefills without logits).
-
-Only one generation runs at a time on one object: starting a new one closes a still-open
-previous generator first (so an abandoned stream cannot rewind the caches under the new one).
-Callers that share an object between threads must hold `llm.lock` around each request.
+With ``speculative=None`` the class is `llama_cpp.Llama` plus those checks.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import ctypes
+import math
+import os
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+import time
+from typing import Any, Iterator, Optional, Sequence
 
 import llama_cpp
 import numpy as np
+from llama_cpp import llama_cpp as ll
 
+from . import _bindings as ext
+from ._llama import Context, Model, cpu_has_amx, set_verbose
+from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
-from .engine import LlamaDFlashDecoding, OrdinaryDecoding
-from .inspect import read_gguf
-from .grammar import GrammarMask
-from .logprobs import ScoreRecorder
-from .sampling import SamplingParams
+from .errors import LlamaCallError
+from .inspect import read_gguf, validate_pair, validate_target
+from .proposer import DFlashProposer
+from .rewind import is_recurrent_model, make_rewinder
+from .speculator import Speculator
 from .stats import SpecStats
+from .target import TargetContext
 
 __all__ = ["Llama", "stats_summary"]
 
-_UNSUPPORTED_INIT = ("vocab_only", "logits_all", "embedding", "draft_model")
 _SUMMARY_KEYS = (
     "algorithm", "draft_n_max", "drafted", "verified", "accepted", "verification_steps", "rollbacks",
     "generated_tokens", "prompt_tokens", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
     "prefill_seconds", "total_seconds",
 )
+# arguments of llama_cpp.Llama that cannot work with a draft attached (they can without one)
+_NOT_WITH_SPECULATIVE = ("vocab_only", "embedding", "draft_model")
+_SAMPLING_FLOATS = ("top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
+                    "presence_penalty", "tfs_z", "mirostat_tau", "mirostat_eta")
+_patch_lock = threading.Lock()
 
 
 def stats_summary(stats: SpecStats) -> dict[str, Any]:
@@ -71,232 +74,307 @@ def stats_summary(stats: SpecStats) -> dict[str, Any]:
     return {k: d[k] for k in _SUMMARY_KEYS}
 
 
+@contextlib.contextmanager
+def _model_params(repack: bool) -> Iterator[None]:
+    """Load with llama.cpp's CPU weight repacking on or off.
+
+    llama-cpp-python builds its model parameters inside `__init__`; repacking is on there.  On
+    CPUs with AMX, repacked Q4_1 weights crash batched decodes (plain llama_cpp.Llama too), so
+    the default turns it off there -- the only parameter we change behind the reference's back.
+    """
+    if repack:
+        yield
+        return
+    with _patch_lock:
+        original = ll.llama_model_default_params
+
+        def without_repack():  # type: ignore[no-untyped-def]
+            params = original()
+            params.use_extra_bufts = False
+            return params
+
+        ll.llama_model_default_params = without_repack
+        try:
+            yield
+        finally:
+            ll.llama_model_default_params = original
+
+
+def _check_sampling(kwargs: dict[str, Any]) -> None:
+    """Values llama.cpp's samplers turn into NaN rows (then into a process abort with a grammar)."""
+    for name in _SAMPLING_FLOATS:
+        v = kwargs.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError(f"{name} must be a finite number, not {v!r}")
+    for name in ("top_k", "mirostat_mode"):
+        v = kwargs.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{name} must be an integer, not {v!r}")
+
+
+def _check_lora(path: Optional[str]) -> None:
+    """llama.cpp loads anything as a LoRA adapter without a word (garbage included)."""
+    if not path:
+        return
+    if not os.path.isfile(path):
+        raise ValueError(f"LoRA adapter not found: {path}")
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ValueError(f"LoRA adapter {path} is not a GGUF file")
+
+
+def _check_grammar(grammar: Any) -> None:
+    text = getattr(grammar, "_grammar", None)
+    if isinstance(text, str):
+        try:
+            from .grammar_limits import check_gbnf
+        except ImportError:  # pragma: no cover - older checkouts
+            return
+        check_gbnf(text)
+
+
 class Llama(llama_cpp.Llama):
-    """`llama_cpp.Llama` with speculative decoding (`speculative=SpecConfig(...)`) or, with
-    `speculative=None`, the engine's ordinary decoding (same prefill and sampler)."""
+    """`llama_cpp.Llama` that decodes speculatively with `speculative=SpecConfig(...)`.
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        speculative: Optional[SpecConfig] = None,
-        n_ctx: int = 512,
-        n_batch: int = 512,
-        n_ubatch: int = 512,
-        n_threads: Optional[int] = None,
-        n_gpu_layers: int = 0,
-        seed: int = llama_cpp.LLAMA_DEFAULT_SEED,
-        verbose: bool = False,
-        repack: Optional[bool] = None,
-        **kwargs: Any,
-    ):
-        for name in _UNSUPPORTED_INIT:
-            if kwargs.pop(name, None):
-                raise ValueError(f"llama_dflash.Llama does not support {name}=True")
-        if n_ctx <= 0:
-            n_ctx = int(read_gguf(model_path).n_ctx_train) or 4096
-        n_batch = min(n_batch, n_ctx)
-        n_ubatch = min(n_ubatch, n_batch)
-        self._engine = None
-        super().__init__(
-            model_path, vocab_only=True, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-            n_threads=n_threads, n_gpu_layers=n_gpu_layers, seed=seed, verbose=verbose, **kwargs,
-        )
-        config = TargetConfig(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                              n_gpu_layers=n_gpu_layers, verbose=verbose, repack=repack)
+    Every `llama_cpp.Llama` argument means the same here (see the README's table).  Extra
+    arguments: `speculative` (a `SpecConfig`, or None for no draft) and `repack` (llama.cpp's CPU
+    weight repacking; None: off on AMX CPUs, where it crashes batched decodes).
+    """
+
+    def __init__(self, model_path: str, *, speculative: Optional[SpecConfig] = None,
+                 repack: Optional[bool] = None, **kwargs: Any):
+        self._speculator: Optional[Speculator] = None
         self.speculative = speculative
-        self._engine = LlamaDFlashDecoding(config, speculative) if speculative is not None else OrdinaryDecoding(config)
-        self._n_ctx = self._engine.target.n_ctx
+        self._repack = (not cpu_has_amx()) if repack is None else bool(repack)
+        if speculative is not None:
+            if not isinstance(speculative, SpecConfig):
+                raise ValueError(f"speculative must be a SpecConfig or None, not {type(speculative).__name__}")
+            for name in _NOT_WITH_SPECULATIVE:
+                if kwargs.get(name):
+                    raise ValueError(f"llama_dflash.Llama: {name} cannot be combined with speculative=")
+        _check_lora(kwargs.get("lora_path"))
+        target_info = read_gguf(model_path) if os.path.isfile(model_path) else None  # malformed: clear error
+        if speculative is not None and target_info is not None:
+            ext.check_symbols()
+            validate_target(target_info)
+            self._draft_info = validate_pair(target_info, read_gguf(speculative.draft_model), speculative.algorithm)
+        with _model_params(self._repack):
+            super().__init__(model_path, **kwargs)
+        self.last_stats = SpecStats(algorithm="ordinary")
         self.lock = threading.Lock()
-        self.last_stats: SpecStats = self._engine.last_stats
-        self._active: Optional[Iterator[int]] = None
-        self._record_into: Optional[np.ndarray] = None  # scores buffer of a logprobs request
-        self._record_prompt = False
+        self._eval_end = 0  # one past the last position of the last decode (its outputs' anchor)
+        self._outputs_from = 0  # first position of the last decode that has logits
+        self._cache_end = 0  # positions the target cache really holds (>= n_tokens after a trim)
+        self._last_sampled: Optional[int] = None
+        self._generation = 0
+        self._prefilling = False
+        if speculative is not None:
+            try:
+                self._attach(speculative)
+            except BaseException:
+                self.close()
+                raise
 
-    # ---- what llama_cpp.Llama asks of its model -----------------------------------------------
-    def n_ctx(self) -> int:
-        return self._engine.target.n_ctx if self._engine is not None else super().n_ctx()
-
-    def n_embd(self) -> int:
-        return self._engine.target.n_embd if self._engine is not None else super().n_embd()
+    # ---- draft attachment ------------------------------------------------------------------------
+    def _attach(self, spec: SpecConfig) -> None:
+        info = self._draft_info
+        set_verbose(self.verbose)  # llama.cpp's log goes through our callback from here on
+        model = Model.borrow(self._model.model, self.model_path, self._repack)
+        ctx = Context.borrow(model, self._ctx.ctx)
+        config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
+                              n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
+        target = TargetContext(model, config, extract_layers=info.target_layers, ctx=ctx)
+        stats = SpecStats(algorithm=info.algorithm)
+        proposer = None
+        try:
+            proposer = DFlashProposer(info, spec, target, stats)
+            # the context is llama-cpp-python's, created without recurrent snapshots (n_rs_seq)
+            if spec.rollback == "native" and is_recurrent_model(model):
+                raise ValueError("llama_dflash.Llama rolls recurrent targets back through checkpoints; "
+                                 "use rollback='auto' or 'checkpoint'")
+            rewinder = make_rewinder(target, stats, "auto" if spec.rollback == "native" else spec.rollback)
+        except BaseException:
+            if proposer is not None:
+                proposer.close()
+            target.close()
+            raise
+        controller = AdaptiveController(info.max_draft_tokens) if spec.adaptive else None
+        # input_ids is sized by the n_ctx asked for, which llama.cpp may round up for the cache
+        self._speculator = Speculator(target, proposer, rewinder, controller, stats,
+                                      max_positions=min(ctx.n_ctx, len(self.input_ids)))
+        self.draft_model = self._speculator  # llama_cpp.Llama.generate's hook
+        self._recurrent = is_recurrent_model(model)
 
     @property
-    def engine(self):
-        return self._engine
+    def speculator(self) -> Optional[Speculator]:
+        return self._speculator
 
     def close(self) -> None:
-        self._close_active()
-        engine, self._engine = getattr(self, "_engine", None), None
-        if engine is not None:
-            engine.close()
+        """Free the draft (it references the target context), then what llama_cpp.Llama owns."""
+        spec, self._speculator = getattr(self, "_speculator", None), None
+        if spec is not None:
+            self.draft_model = None
+            spec.close()
         if hasattr(self, "_stack"):
             super().close()
 
-    def _close_active(self) -> None:
-        active, self._active = getattr(self, "_active", None), None
-        if active is not None:
-            try:
-                active.close()
-            except ValueError:  # already executing (another thread): nothing safe to do here
-                pass
+    # ---- evaluation: decode, capture features, keep the caches aligned ----------------------------
+    def eval(self, tokens: Sequence[int]) -> None:
+        if not self._prefilling:
+            return self._eval(tokens)
+        # the first eval of a generation is its prompt: what was reused, what it cost
+        self._prefilling = False
+        self.last_stats.reused_prompt_tokens = self.n_tokens
+        t0 = time.perf_counter()
+        self._eval(tokens)
+        self.last_stats.prefill_seconds = time.perf_counter() - t0
 
-    # ---- the token generator ------------------------------------------------------------------
-    def _create_completion(self, *args: Any, **kwargs: Any):
-        if kwargs.get("logprobs") is None:
-            return super()._create_completion(*args, **kwargs)
-        return self._create_completion_with_logprobs(args, kwargs)
+    def _eval(self, tokens: Sequence[int]) -> None:
+        spec = self._speculator
+        if spec is None:
+            return super().eval(tokens)
+        tokens = [int(t) for t in tokens]
+        n_vocab = self._n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        if self.n_tokens + len(tokens) > self._n_ctx:
+            raise ValueError(f"{self.n_tokens + len(tokens)} tokens do not fit the context (n_ctx={self._n_ctx})")
+        spec.commit(self.n_tokens)
+        self._sync_cache(self.n_tokens)
+        if not tokens:
+            return
+        n_draft = spec.block_for(tokens, self.n_tokens)
+        if n_draft:
+            spec.before_verify(self.n_tokens, tokens)
+        t0 = time.perf_counter()
+        step = self.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            last = start + step >= len(tokens)
+            self._decode(chunk, n_sure=len(chunk) - (n_draft if last else 0), last=last, verify=bool(n_draft))
+        if n_draft or len(tokens) == 1:
+            spec.verified(time.perf_counter() - t0)
+        self._requires_eval = False
 
-    def _create_completion_with_logprobs(self, args: tuple, kwargs: dict) -> Iterator[Any]:
-        """The base completion with a scores buffer that `generate()` fills row by row.
+    def _decode(self, chunk: list[int], *, n_sure: int, last: bool, verify: bool) -> None:
+        spec = self._speculator
+        target = spec.target
+        pos0 = self.n_tokens
+        n = len(chunk)
+        want = "all" if (self._logits_all or verify) else ("last" if last else "none")
+        target.decode(chunk, pos0, logits=want)
+        self.input_ids[pos0 : pos0 + n] = chunk
+        self.n_tokens = self._eval_end = self._cache_end = pos0 + n
+        self._outputs_from = {"all": pos0, "last": pos0 + n - 1}.get(want, pos0 + n)
+        if self._logits_all:
+            self.scores[pos0 : pos0 + n, :] = target.logits_rows(n)
+        spec.on_decoded(target.layer_features(), pos0, n_sure)
 
-        Runs lazily like the base generator: the buffer is installed when the request starts
-        (the base calls `generate()` in that same step, which takes it) and dropped at its end."""
-        # zeros: pages of rows never written (prompt rows, the unused tail) cost no memory
-        scores = np.zeros((self._n_ctx, self._n_vocab), dtype=np.single)
-        saved = self.scores
-        self.scores = scores
-        self._record_into = scores
-        self._record_prompt = bool(kwargs.get("echo"))  # echo: the prompt tokens' logprobs too
-        self._logits_all = True  # the base refuses logprobs without it; nothing else reads it here
+    def _sync_cache(self, n_keep: int) -> None:
+        """Make both caches hold exactly positions < n_keep of input_ids."""
+        spec = self._speculator
+        spec.rollback(n_keep)
+        if self._cache_end > n_keep:
+            kept = spec.rewinder.rewind(n_keep)
+            spec.rewinder.settle()
+            self._cache_end = kept
+            if kept < spec.draft_end:
+                spec.rollback(kept)
+        if self._cache_end < n_keep:  # a recurrent cache emptied, or a restored state: decode again
+            replay = [int(t) for t in self.input_ids[self._cache_end : n_keep]]
+            self.n_tokens = self._cache_end
+            step = self.n_batch
+            for start in range(0, len(replay), step):
+                self._decode(replay[start : start + step], n_sure=len(replay[start : start + step]),
+                             last=start + step >= len(replay), verify=False)
+
+    def reset(self) -> None:
+        super().reset()
+        if self._speculator is not None and getattr(self, "_recurrent", False):
+            self._cache_end = 0  # the base cleared the recurrent memory
+            self._speculator.rewinder.reset()
+            self._speculator.clear()
+
+    # ---- sampling: rows addressed from the last decode, as the reference does ---------------------
+    def sample(self, *args: Any, idx: Optional[int] = None, **kwargs: Any) -> int:
+        """As llama_cpp.Llama.sample.  With a draft attached, the last decode may hold rows past
+        `n_tokens` (a generation that ended inside a verified block): the row of position
+        `idx` (default n_tokens - 1) is found among the last decode's outputs."""
+        _check_sampling(kwargs)
+        if kwargs.get("grammar") is not None:
+            _check_grammar(kwargs["grammar"])
+        if self._speculator is None:
+            if self.n_tokens <= 0:
+                raise ValueError("sample() needs evaluated tokens: call eval() first")
+            return super().sample(*args, idx=idx, **kwargs)
+        pos = idx if idx is not None else self.n_tokens - 1
+        if not self._outputs_from <= pos < self._eval_end:
+            raise ValueError(f"position {pos} has no logits from the last eval(): evaluate tokens first")
+        self._last_sampled = pos
+        # the base computes its row index as idx - n_tokens; aim it at our row
+        return super().sample(*args, idx=pos - self._eval_end + self.n_tokens, **kwargs)
+
+    # ---- generation ---------------------------------------------------------------------------------
+    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:  # type: ignore[override]
+        """llama_cpp.Llama.generate, with statistics in `last_stats`."""
+        _check_sampling(kwargs)
+        if kwargs.get("grammar") is not None:
+            _check_grammar(kwargs["grammar"])
+        bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._n_vocab - 1})")
+        return self._generate(list(tokens), args, kwargs)
+
+    def _generate(self, tokens: list[int], args: tuple, kwargs: dict) -> Iterator[int]:
+        spec = self._speculator
+        stats = SpecStats(algorithm=spec.stats.algorithm if spec else "ordinary",
+                          draft_n_max=spec.draft.n_max if spec else 0,
+                          adaptive=bool(spec and spec.controller is not None))
+        stats.prompt_tokens = len(tokens)
+        self.last_stats = stats
+        if spec is not None:
+            spec.stats = spec.draft.stats = stats
+            if spec.controller is not None:
+                spec.controller.stats = stats
+            spec.rewinder.stats = stats
+        self._last_sampled = None
+        self._generation += 1
+        self._prefilling = True
+        mine = self._generation
+        inner = super().generate(tokens, *args, **kwargs)
+        t0 = time.perf_counter()
         try:
-            yield from super()._create_completion(*args, **kwargs)
-        finally:
-            if self._record_into is scores:
-                self._record_into = None
-            if self.scores is scores:  # else a later logprobs request owns both by now
-                self.scores = saved
-                self._logits_all = False
-
-    def sampling_params(
-        self, *, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-        frequency_penalty: float, presence_penalty: float, prompt: Sequence[int] = (),
-        logits_processor: Optional[llama_cpp.LogitsProcessorList] = None,
-    ) -> SamplingParams:
-        """llama-cpp-python's sampling arguments as our SamplingParams (llama.cpp's chain order)."""
-        seed = None if self._seed in (None, llama_cpp.LLAMA_DEFAULT_SEED, -1) else int(self._seed)
-        if temp < 0.0:  # llama-cpp-python: sample the untruncated softmax
-            temp, top_k, top_p, min_p = 1.0, 0, 1.0, 0.0
-        hook = None
-        if logits_processor:
-            prompt_ids = [int(t) for t in prompt]
-            procs = list(logits_processor)
-
-            def hook(generated: Sequence[int], logits: np.ndarray) -> np.ndarray:
-                ids = np.array(prompt_ids + list(generated), dtype=np.intc)
-                for proc in procs:
-                    logits = proc(ids, logits)
-                return logits
-
-        return SamplingParams(
-            temperature=float(temp), top_k=max(0, int(top_k)), top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
-            min_p=max(0.0, float(min_p)), seed=seed, repeat_penalty=float(repeat_penalty) or 1.0,
-            frequency_penalty=float(frequency_penalty), presence_penalty=float(presence_penalty),
-            penalty_last_n=self.last_n_tokens_size, temperature_last=True, logits_hook=hook,
-        )
-
-    def generate(  # type: ignore[override]
-        self,
-        tokens: Sequence[int],
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        temp: float = 0.80,
-        repeat_penalty: float = 1.0,
-        reset: bool = True,
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        tfs_z: float = 1.0,
-        mirostat_mode: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-        penalize_nl: bool = True,
-        logits_processor: Optional[llama_cpp.LogitsProcessorList] = None,
-        stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None,
-        grammar: Optional[llama_cpp.LlamaGrammar] = None,
-    ) -> Iterator[int]:
-        """Yield generated tokens (EOG tokens included, as llama_cpp.Llama does; the caller stops)."""
-        if self._engine is None:
-            raise RuntimeError("this Llama is closed")
-        if mirostat_mode:
-            raise ValueError("mirostat sampling is not supported with llama_dflash.Llama")
-        prompt = [int(t) for t in tokens]
-        params = self.sampling_params(
-            temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, prompt=prompt,
-            logits_processor=logits_processor,
-        )
-        mask = None
-        if grammar is not None:  # before the recorder: logprobs stay those of the raw rows
-            mask = GrammarMask(self._model.vocab, grammar, self._n_vocab, params.logits_hook)
-            params = dataclasses.replace(params, logits_hook=mask)
-        record, self._record_into = self._record_into, None  # only the request that set it
-        if record is not None:
-            if self._record_prompt:
-                self._record_prompt_rows(prompt, record)
-            params = dataclasses.replace(
-                params, logits_hook=ScoreRecorder(record, len(prompt) - 1, params.logits_hook))
-        # unbounded like llama_cpp.Llama.generate (up to the context size): _create_completion
-        # sometimes asks for one more token than max_tokens (incomplete UTF-8 at the end)
-        return self._run(prompt, params, self.n_ctx() - len(prompt), stopping_criteria,
-                         on_close=mask.close if mask is not None else None)
-
-    def _record_prompt_rows(self, prompt: list[int], scores: np.ndarray) -> None:
-        """Rows 0..n-2 of `scores`: the target's logits after each prompt token but the last
-        (what echo=True logprobs read).  The generation prefills without logits, so this is one
-        extra pass over the prompt with logits for every row; the caches are reset afterwards
-        (the draft did not see that pass), so the generation starts from scratch."""
-        self._close_active()
-        target = self._engine.target
-        target.clear()
-        body = prompt[:-1]
-        step = target.ctx.n_batch
-        for start in range(0, len(body), step):
-            chunk = body[start : start + step]
-            target.decode(chunk, start, logits="all")
-            for i in range(len(chunk)):
-                scores[start + i, :] = target.logits_row(i)
-        target.clear()
-        self._engine.forget_cache()
-
-    def _run(self, prompt: list[int], params: SamplingParams, limit: int,
-             stopping_criteria: Optional[llama_cpp.StoppingCriteriaList] = None,
-             on_close: Optional[Callable[[], None]] = None) -> Iterator[int]:
-        self._close_active()  # an abandoned generator must not rewind the caches under this one
-        # like llama_cpp.Llama, the cached prefix shared with the last call is not decoded again
-        inner = self._engine.stream(prompt, max(0, limit), params, ignore_eos=True, reuse_prefix=True)
-        self._active = inner
-        self.last_stats = self._engine.last_stats
-        # input_ids/n_tokens mirror the sequence, as llama_cpp.Llama keeps them (stopping criteria
-        # and _create_completion read them); scores are not kept: criteria get an empty row
-        n = len(prompt)
-        self.input_ids[:n] = prompt
-        self.n_tokens = n
-        no_scores = np.zeros(0, dtype=np.single)
-        try:
-            for tok in inner:
-                if n < self.input_ids.shape[0]:
-                    self.input_ids[n] = tok
-                    n += 1
-                    self.n_tokens = n
-                if stopping_criteria is not None and stopping_criteria(self.input_ids[:n], no_scores):
-                    return
-                yield tok
+            sent = None
+            while True:
+                tok = inner.send(sent)
+                if stats.generated_tokens == 0:
+                    stats.first_token_seconds = time.perf_counter() - t0
+                stats.generated_tokens += 1
+                sent = yield tok
+        except StopIteration:
+            return
         finally:
             inner.close()
-            if self._active is inner:
-                self._active = None
-            if on_close is not None:
-                on_close()
+            stats.total_seconds = time.perf_counter() - t0
+            if mine == self._generation:  # an abandoned older generator must not touch a newer one
+                self._end_generation()
 
-    # ---- responses carry the statistics ---------------------------------------------------------
-    def create_completion(self, *args: Any, **kwargs: Any):
-        result = super().create_completion(*args, **kwargs)
-        return self._with_stats(result)
+    def _end_generation(self) -> None:
+        """Leave n_tokens where llama_cpp.Llama leaves it: one past the last sampled row.  Drafts
+        evaluated beyond it stay in the caches until the next eval cuts them."""
+        if self._last_sampled is not None and self.n_tokens > self._last_sampled + 1:
+            self.n_tokens = self._last_sampled + 1
+        spec = self._speculator
+        if spec is not None:
+            spec.commit(self.n_tokens)
 
-    def create_chat_completion(self, *args: Any, **kwargs: Any):
-        result = super().create_chat_completion(*args, **kwargs)
-        return self._with_stats(result)
+    # ---- responses carry the statistics ---------------------------------------------------------------
+    def create_completion(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        return self._with_stats(super().create_completion(*args, **kwargs))
+
+    def create_chat_completion(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        return self._with_stats(super().create_chat_completion(*args, **kwargs))
 
     def _with_stats(self, result: Any):
         if isinstance(result, dict):
@@ -315,3 +393,54 @@ class Llama(llama_cpp.Llama):
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def save_state(self) -> llama_cpp.LlamaState:
+        """The reference's state plus the draft cache (so drafting resumes after `load_state`)."""
+        state = super().save_state()
+        spec = self._speculator
+        if spec is not None:
+            spec.commit(self.n_tokens)
+            spec.rollback(self.n_tokens)
+            spec.draft.flush()
+            state.dflash_draft = (_seq_state(spec.draft.ctx.ptr), spec.draft_end)  # type: ignore[attr-defined]
+        state.dflash_cache = (self._cache_end, self._eval_end, self._outputs_from)  # type: ignore[attr-defined]
+        return state
+
+    def load_state(self, state: llama_cpp.LlamaState) -> None:
+        super().load_state(state)
+        # llama.cpp's state carries the cache and the last decode's outputs
+        cache = getattr(state, "dflash_cache", (state.n_tokens, state.n_tokens, state.n_tokens - 1))
+        self._cache_end, self._eval_end, self._outputs_from = (int(x) for x in cache)
+        spec = self._speculator
+        if spec is None:
+            return
+        spec.clear()
+        draft = getattr(state, "dflash_draft", None)
+        if draft is not None and _set_seq_state(spec.draft.ctx.ptr, draft[0]):
+            spec.draft_end = int(draft[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["draft_model"] = None
+        state["speculative"] = self.speculative
+        state["repack"] = self._repack
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+def _seq_state(ctx: int) -> bytes:
+    size = int(ll.llama_state_seq_get_size(ctx, 0))
+    buf = (ctypes.c_uint8 * size)()
+    n = int(ll.llama_state_seq_get_data(ctx, buf, size, 0))
+    if n <= 0:
+        raise LlamaCallError("could not read the draft cache state")
+    return bytes(buf[:n])
+
+
+def _set_seq_state(ctx: int, data: bytes) -> bool:
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    return int(ll.llama_state_seq_set_data(ctx, buf, len(data), 0)) > 0
+

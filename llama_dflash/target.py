@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll
@@ -15,7 +15,14 @@ from ._llama import BatchExt, Context, Model
 from .config import TargetConfig
 from .errors import LlamaCallError
 
-__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct", "float_view"]
+__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct", "float_view", "FLASH_ATTN_TYPES"]
+
+#: TargetConfig.flash_attn -> llama.cpp's llama_flash_attn_type
+FLASH_ATTN_TYPES = {
+    "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 
 _views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
@@ -55,21 +62,26 @@ class TargetContext:
         extract_layers: Sequence[int] = (),
         n_rs_seq: int = 0,
         n_outputs_max_per_seq: int = 0,
+        ctx: Optional[Context] = None,
     ):
+        """`ctx`: drive an existing context (a llama_cpp.Llama's) instead of creating one."""
         self.model = model
         self.config = config
-        params = ll.llama_context_default_params()
-        params.n_ctx = config.n_ctx
-        params.n_batch = config.n_batch
-        params.n_ubatch = config.n_ubatch
-        params.n_seq_max = 1
-        params.n_rs_seq = n_rs_seq
-        params.n_outputs_max_per_seq = n_outputs_max_per_seq
-        threads = config.n_threads or default_threads()
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.no_perf = True
-        self.ctx = Context(model, params)
+        if ctx is None:
+            params = ll.llama_context_default_params()
+            params.n_ctx = config.n_ctx
+            params.n_batch = config.n_batch
+            params.n_ubatch = config.n_ubatch
+            params.n_seq_max = 1
+            params.n_rs_seq = n_rs_seq
+            params.n_outputs_max_per_seq = n_outputs_max_per_seq
+            threads = config.n_threads or default_threads()
+            params.n_threads = threads
+            params.n_threads_batch = threads
+            params.flash_attn_type = FLASH_ATTN_TYPES[config.flash_attn]
+            params.no_perf = True
+            ctx = Context(model, params)
+        self.ctx = ctx
         self.batch = BatchExt(self.ctx)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
@@ -106,6 +118,13 @@ class TargetContext:
         if rc != 0:
             raise LlamaCallError(f"target decode of {n} tokens at position {pos0} failed (llama_process returned {rc})")
         self._n_rows = n
+
+    def logits_rows(self, n: int) -> np.ndarray:
+        """A zero-copy [n, n_vocab] view of the first n output rows of the last decode."""
+        ptr = ll.llama_get_logits(self.ctx.ptr)
+        if not ptr:
+            raise LlamaCallError("the last decode produced no logits")
+        return float_view(ptr, (n, self.n_vocab))
 
     def logits_row(self, i: int) -> np.ndarray:
         """A zero-copy view of the logits of batch row i of the last decode."""

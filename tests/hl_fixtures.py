@@ -6,7 +6,7 @@ import pytest
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
 
-HL_KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+HL_KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, verbose=False)
 
 
 @pytest.fixture(scope="module")

@@ -116,11 +116,12 @@ def test_closed_stream_then_correct_request(plain, spec):
     assert _text(spec.create_completion(PROMPTS[2], max_tokens=30, temperature=0)) == ref
 
 
-def test_unsupported_options_refused(spec):
-    with pytest.raises(ValueError):
-        spec.create_completion("a", max_tokens=2, mirostat_mode=2)
-    with pytest.raises(ValueError):
-        Llama(spec.model_path, logits_all=True, n_ctx=64)
+def test_mirostat_and_typical_like_llama_cpp(plain, spec):
+    """Samplers we used to refuse or ignore run through the reference's own chain now."""
+    for kw in (dict(mirostat_mode=2, temperature=0.8, seed=3), dict(mirostat_mode=1, temperature=0.8, seed=4),
+               dict(typical_p=0.5, temperature=0.9, seed=5)):
+        ref = plain.create_completion(PROMPTS[0], max_tokens=12, **kw)
+        assert _text(spec.create_completion(PROMPTS[0], max_tokens=12, **kw)) == _text(ref), kw
 
 
 def test_stopping_criteria_like_llama_cpp(plain, spec):

@@ -1,11 +1,5 @@
-"""logprobs through llama_dflash.highlevel.Llama equal llama_cpp.Llama(logits_all=True) (tiny fixtures, CPU).
-
-The reference enables flash attention because our target context runs with llama.cpp's default
-(auto: on for CPU) while llama_cpp.Llama turns it off by default; with the same attention kernel
-the raw logits agree to ~1e-6 and the remaining differences come from verify batches of several
-rows (a few 1e-4 at most).  Without flash_attn on the reference, values differ by up to ~6e-3
-(logits of the engine, not of the logprobs code: ordinary decoding shows the same).
-"""
+"""logprobs through llama_dflash.Llama(logits_all=True) equal llama_cpp.Llama(logits_all=True)
+(tiny fixtures, CPU): the same arguments, the same context, the same response code."""
 
 from __future__ import annotations
 
@@ -15,8 +9,6 @@ import pytest
 
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
-from hl_fixtures import ordinary, spec  # noqa: F401 (fixtures)
-from llama_dflash.logprobs import ScoreRecorder
 from llama_dflash.proposer import ScriptedProposer
 
 PROMPTS = ["the quick brown fox and the lazy dog is", "a b c d", "hello world of the"]
@@ -27,7 +19,21 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 
 @pytest.fixture(scope="module")
 def ref(tiny_target):
-    llm = llama_cpp.Llama(tiny_target, verbose=False, logits_all=True, flash_attn=True, **KW)
+    llm = llama_cpp.Llama(tiny_target, verbose=False, logits_all=True, **KW)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_target, tiny_draft):
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), logits_all=True, **KW)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def ordinary(tiny_target):
+    llm = Llama(tiny_target, logits_all=True, **KW)
     yield llm
     llm.close()
 
@@ -51,10 +57,10 @@ class _Oracle:
 
 @pytest.fixture(scope="module")
 def oracle(tiny_target, tiny_draft):
-    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **KW)
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), logits_all=True, **KW)
     script = _Oracle()
     script.n_vocab = llm.n_vocab()
-    llm.engine.use_proposer(ScriptedProposer(llm.engine.proposer, script))
+    llm.speculator.use_proposer(ScriptedProposer(llm.speculator.draft, script))
     llm.script = script
     yield llm
     llm.close()
@@ -93,7 +99,6 @@ def test_completion_logprobs_like_llama_cpp(ref, spec, ordinary, oracle, prompt)
         out = llm.create_completion(prompt, **kw)
         _same(expected["choices"], out["choices"])
         assert out["usage"] == expected["usage"]
-        assert llm._logits_all is False and llm._record_into is None
     # the oracle's verify batches accepted drafts and rejected others
     stats = oracle.last_stats
     if stats.generated_tokens > 4:
@@ -167,41 +172,38 @@ def test_echo_with_logprobs_like_llama_cpp(ref, spec, ordinary, prompt):
     _same(expected, [c["choices"] for c in spec.create_completion(prompt, stream=True, **kw)])
 
 
-def test_no_row_work_without_logprobs(spec, ordinary, monkeypatch):
-    rows, softmaxes, hooks = [], [], []
-    record = ScoreRecorder.__call__
-    monkeypatch.setattr(ScoreRecorder, "__call__", lambda self, g, l: (rows.append(1), record(self, g, l))[1])
-    to_lp = llama_cpp.Llama.logits_to_logprobs
-    monkeypatch.setattr(llama_cpp.Llama, "logits_to_logprobs",
-                        staticmethod(lambda *a, **k: (softmaxes.append(1), to_lp(*a, **k))[1]))
-    for llm in (spec, ordinary):
-        stream = llm.engine.stream
-
-        def spy(prompt, max_tokens, sampling=None, _stream=stream, **kw):
-            hooks.append(sampling.logits_hook)
-            return _stream(prompt, max_tokens, sampling, **kw)
-
-        monkeypatch.setattr(llm.engine, "stream", spy)
-        llm.create_completion(PROMPTS[0], max_tokens=12, temperature=0)
-        list(llm.create_completion(PROMPTS[0], max_tokens=12, temperature=0, stream=True))
-        llm.create_chat_completion(MESSAGES, max_tokens=8, temperature=0)
-        assert hooks == [None, None, None]  # greedy stays a plain argmax of the llama.cpp row
-        assert rows == [] and softmaxes == []
-        out = llm.create_completion(PROMPTS[0], max_tokens=12, temperature=0, logprobs=1)
-        n = len(out["choices"][0]["logprobs"]["tokens"])
-        assert isinstance(hooks[-1], ScoreRecorder) and len(rows) >= n > 0 and softmaxes
-        hooks.clear(), rows.clear(), softmaxes.clear()
+def test_logprobs_need_logits_all_as_in_llama_cpp(tiny_target, tiny_draft):
+    """Like llama_cpp.Llama, logprobs without logits_all=True are refused (the rows are not kept)."""
+    for llm in (llama_cpp.Llama(tiny_target, verbose=False, **KW),
+                Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **KW)):
+        with pytest.raises(ValueError, match="logits_all"):
+            llm.create_completion(PROMPTS[0], max_tokens=4, logprobs=1)
+        llm.close()
 
 
-def test_abandoned_logprobs_stream_does_not_leak(ref, spec):
+def test_only_sampled_rows_get_logits_without_logits_all(tiny_target, tiny_draft, monkeypatch):
+    """A verification batch asks for every row's logits, a prompt only for its last row."""
+    from llama_dflash.target import TargetContext
+
+    modes = []
+    decode = TargetContext.decode
+    monkeypatch.setattr(TargetContext, "decode",
+                        lambda self, toks, pos0, logits="last": (modes.append((len(toks), logits)),
+                                                                  decode(self, toks, pos0, logits))[1])
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **KW)
+    llm.create_completion(PROMPTS[0], max_tokens=12, temperature=0)
+    llm.close()
+    assert modes[0][1] == "last" and modes[0][0] > 1  # the prompt
+    assert all(mode == "all" for n, mode in modes[1:] if n > 1)
+
+
+def test_abandoned_logprobs_stream_leaves_later_requests_right(ref, spec):
     stream = spec.create_completion(PROMPTS[0], max_tokens=20, temperature=0, logprobs=2, stream=True)
     next(stream)
-    assert spec._logits_all is True
     plain_out = spec.create_completion(PROMPTS[2], max_tokens=20, temperature=0)
     assert plain_out["choices"][0]["logprobs"] is None
     expected = ref.create_completion(PROMPTS[2], max_tokens=20, temperature=0)
     assert plain_out["choices"][0]["text"] == expected["choices"][0]["text"]
     stream.close()
-    assert spec._logits_all is False and spec._record_into is None
     kw = dict(max_tokens=20, temperature=0, logprobs=2)
     _same(ref.create_completion(PROMPTS[2], **kw)["choices"], spec.create_completion(PROMPTS[2], **kw)["choices"])

@@ -1,0 +1,334 @@
+"""llama_dflash.Llama as a drop-in for llama_cpp.Llama: the same calls on both, side by side.
+
+Every test builds the reference (`llama_cpp.Llama`) and ours with the same arguments -- ours
+with no draft, with a random draft, and with a scripted draft whose proposals are the reference's
+own continuation (so verification batches accept and reject) -- and compares tokens, texts and
+object state.  The tiny random fixture is F32, where llama.cpp's logits do not depend on the batch
+shape, so even sampled (T > 0) outputs must be identical token for token.
+"""
+
+from __future__ import annotations
+
+
+import os
+import pickle
+import subprocess
+import sys
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from llama_dflash import SpecConfig
+from llama_dflash.highlevel import Llama
+from llama_dflash.proposer import ScriptedProposer
+
+KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, verbose=False)
+PROMPT = "the dog"  # the tiny fixture answers it with a long text (other prompts end at once)
+
+
+class Oracle:
+    """Proposes the reference's greedy continuation; every third block has its last token spoiled."""
+
+    def __init__(self, seq: list[int], n_vocab: int):
+        self.seq, self.n_vocab, self.blocks = seq, n_vocab, 0
+
+    def __call__(self, n_past: int, n: int) -> list[int]:
+        toks = list(self.seq[n_past + 1 : n_past + 1 + n])
+        self.blocks += 1
+        if toks and self.blocks % 3 == 0:
+            toks[-1] = (toks[-1] + 1) % self.n_vocab
+        return toks
+
+
+def _text(out: dict) -> str:
+    return out["choices"][0]["text"]
+
+
+def _variants(tiny_target, tiny_draft, **kw):
+    """Ours with no draft, a random draft and an oracle draft (built from the reference)."""
+    ref = llama_cpp.Llama(tiny_target, **{**KW, **kw})
+    toks = ref.tokenize(PROMPT.encode())
+    g = ref.generate(toks, temp=0)
+    seq = toks + [next(g) for _ in range(64)]
+    g.close()
+    none = Llama(tiny_target, **{**KW, **kw})
+    rand = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **{**KW, **kw})
+    oracle = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **{**KW, **kw})
+    oracle.speculator.use_proposer(ScriptedProposer(oracle.speculator.draft, Oracle(seq, ref.n_vocab())))
+    return ref, [none, rand, oracle]
+
+
+def _close(*objs):
+    for o in objs:
+        if isinstance(o, list):
+            _close(*o)
+        else:
+            o.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    ref, ours = _variants(tiny_target, tiny_draft)
+    yield ref, ours
+    _close(ref, ours)
+
+
+# ---- constructor arguments ----------------------------------------------------------------------
+ARGUMENTS = [
+    dict(flash_attn=True),
+    dict(flash_attn=True, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32),
+    dict(type_k=llama_cpp.GGML_TYPE_F32),
+    dict(rope_freq_base=300.0),
+    dict(rope_freq_scale=0.25),
+    dict(rope_scaling_type=llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN, rope_freq_scale=0.5, yarn_orig_ctx=64,
+         yarn_ext_factor=1.0, yarn_attn_factor=0.8, yarn_beta_fast=16.0, yarn_beta_slow=2.0),
+    dict(kv_overrides={"llama.rope.freq_base": 500.0}),
+    dict(use_mmap=False, use_mlock=False, n_threads_batch=1, offload_kqv=False, op_offload=False, swa_full=True),
+    dict(n_threads=0, n_batch=16, n_ubatch=8),
+    dict(last_n_tokens_size=-1),
+    dict(seed=1234),
+]
+# arguments that change the reference's greedy output (so the comparison can fail)
+CHANGES_OUTPUT = {"rope_freq_base", "rope_freq_scale", "rope_scaling_type", "kv_overrides"}
+
+
+@pytest.mark.parametrize("kw", ARGUMENTS, ids=lambda kw: ",".join(kw))
+def test_constructor_arguments_mean_the_same(tiny_target, tiny_draft, kw):
+    ref, ours = _variants(tiny_target, tiny_draft, **kw)
+    try:
+        call = dict(max_tokens=24, temperature=0, repeat_penalty=1.1)
+        expected = _text(ref.create_completion(PROMPT, **call))
+        assert len(expected) > 8
+        for llm in ours:
+            assert _text(llm.create_completion(PROMPT, **call)) == expected, (kw, llm.speculative)
+            assert llm.n_tokens == ref.n_tokens
+            assert llm.context_params.n_threads == ref.context_params.n_threads
+            assert llm.context_params.flash_attn_type == ref.context_params.flash_attn_type
+        if CHANGES_OUTPUT & set(kw):
+            plain = llama_cpp.Llama(tiny_target, **KW)
+            assert _text(plain.create_completion(PROMPT, **call)) != expected, "the argument changes nothing"
+            plain.close()
+    finally:
+        _close(ref, ours)
+
+
+def test_bad_lora_path_is_a_clear_error(tiny_target, tiny_draft, tmp_path):
+    with pytest.raises(ValueError, match="LoRA"):
+        Llama(tiny_target, lora_path=str(tmp_path / "missing.gguf"), **KW)
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a gguf at all")
+    with pytest.raises(Exception, match="bogus.gguf"):
+        Llama(tiny_target, speculative=SpecConfig(tiny_draft), lora_path=str(bogus), **KW)
+
+
+def test_logits_all_and_mirostat_work(tiny_target, tiny_draft):
+    ref, ours = _variants(tiny_target, tiny_draft, logits_all=True)
+    try:
+        call = dict(max_tokens=16, temperature=0.7, mirostat_mode=2, seed=9, logprobs=2)
+        expected = ref.create_completion(PROMPT, **call)
+        for llm in ours:
+            out = llm.create_completion(PROMPT, **call)
+            assert _text(out) == _text(expected)
+            assert out["choices"][0]["logprobs"]["tokens"] == expected["choices"][0]["logprobs"]["tokens"]
+    finally:
+        _close(ref, ours)
+
+
+# ---- sampling: same seed, same text, with or without a draft --------------------------------------
+@pytest.mark.parametrize("call", [
+    dict(temperature=0.8, seed=7),
+    dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0, seed=3),
+    dict(temperature=0.9, typical_p=0.6, seed=11),
+    dict(temperature=0.7, repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4, seed=5),
+    dict(temperature=0.0, min_p=1.0),
+    dict(temperature=0.6, repeat_penalty=0.0, seed=2),
+    dict(temperature=-1.0, seed=8),
+])
+def test_sampled_text_identical(pair, call):
+    ref, ours = pair
+
+    def outcome(llm):
+        try:
+            return _text(llm.create_completion(PROMPT, max_tokens=32, **call))
+        except Exception as e:  # noqa: BLE001 - the reference's failures must be ours too
+            return type(e)
+
+    expected = outcome(ref)
+    for llm in ours:
+        assert outcome(llm) == expected, llm.speculative
+    oracle = ours[2]
+    if call.get("temperature", 1) == 0:
+        assert oracle.last_stats.accepted > 0  # verification batches really accepted drafts
+
+
+def test_chat_identical(pair):
+    ref, ours = pair
+    messages = [{"role": "user", "content": "the dog"}]
+    expected = ref.create_chat_completion(messages, max_tokens=20, temperature=0.8, seed=4)
+    for llm in ours:
+        out = llm.create_chat_completion(messages, max_tokens=20, temperature=0.8, seed=4)
+        assert out["choices"][0]["message"] == expected["choices"][0]["message"]
+
+
+# ---- the rest of the object ---------------------------------------------------------------------------
+def test_n_tokens_input_ids_and_sample_after_a_completion(pair):
+    ref, ours = pair
+    ref.create_completion(PROMPT, max_tokens=5, temperature=0)
+    after = ref.sample(temp=0)
+    for llm in ours:
+        llm.create_completion(PROMPT, max_tokens=5, temperature=0)
+        assert llm.n_tokens == ref.n_tokens
+        assert list(llm.input_ids[: llm.n_tokens]) == list(ref.input_ids[: ref.n_tokens])
+        assert llm.sample(temp=0) == after
+
+
+def test_eval_then_sample_like_llama_cpp(pair):
+    ref, ours = pair
+    toks = ref.tokenize(PROMPT.encode())
+    ref.reset()
+    ref.eval(toks)
+    expected = ref.sample(temp=0)
+    for llm in ours:
+        llm.reset()
+        llm.eval(toks)
+        assert llm.n_tokens == len(toks)
+        assert llm.sample(temp=0) == expected
+        llm.eval([expected])
+        assert llm.n_tokens == len(toks) + 1
+
+
+def test_stopping_criteria_see_what_llama_cpp_shows_them(tiny_target, tiny_draft):
+    """Criteria get the same token ids and (with logits_all) the same scores row as in the
+    reference, and stop at the same place."""
+    ref, ours = _variants(tiny_target, tiny_draft, logits_all=True)
+    try:
+        def crit(store):
+            def criterion(ids, logits):
+                store.append((list(map(int, ids)), int(np.argmax(logits)), float(np.max(logits))))
+                return len(store) >= 12
+            return llama_cpp.StoppingCriteriaList([criterion])
+
+        seen_ref: list = []
+        ref_out = ref.create_completion(PROMPT, max_tokens=20, temperature=0, stopping_criteria=crit(seen_ref))
+        assert len(seen_ref) >= 12
+        for llm in ours:
+            seen: list = []
+            out = llm.create_completion(PROMPT, max_tokens=20, temperature=0, stopping_criteria=crit(seen))
+            assert _text(out) == _text(ref_out)
+            assert [(ids, a) for ids, a, _ in seen] == [(ids, a) for ids, a, _ in seen_ref]
+            assert np.allclose([m for *_, m in seen], [m for *_, m in seen_ref], atol=1e-4)
+    finally:
+        _close(ref, ours)
+
+
+def test_save_and_load_state(pair):
+    ref, ours = pair
+    toks = ref.tokenize(PROMPT.encode())
+    for llm in [ref, *ours]:
+        g = llm.generate(toks, temp=0)
+        first = [next(g) for _ in range(6)]
+        g.close()
+        state = llm.save_state()
+        rest = llm.create_completion(toks + first, max_tokens=10, temperature=0)
+        llm.create_completion("a b c", max_tokens=5, temperature=0)  # something else in between
+        llm.load_state(state)
+        assert llm.n_tokens == state.n_tokens
+        again = llm.create_completion(toks + first, max_tokens=10, temperature=0)
+        assert _text(again) == _text(rest)
+        if llm is not ref and llm.speculative is not None:
+            assert llm.last_stats.reused_prompt_tokens > 0
+    assert len(ours[1].save_state().llama_state) > 1000  # the real cache, not a stub
+
+
+def test_pickle_round_trip(tiny_target, tiny_draft):
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=3), **KW)
+    expected = _text(llm.create_completion(PROMPT, max_tokens=12, temperature=0))
+    clone = pickle.loads(pickle.dumps(llm))
+    try:
+        assert clone.speculative == llm.speculative and clone.speculator is not None
+        assert _text(clone.create_completion(PROMPT, max_tokens=12, temperature=0)) == expected
+    finally:
+        _close(llm, clone)
+
+
+def test_call_and_stream_like_llama_cpp(pair):
+    ref, ours = pair
+    expected = [c["choices"][0]["text"] for c in ref(PROMPT, max_tokens=16, temperature=0, stream=True)]
+    for llm in ours:
+        assert [c["choices"][0]["text"] for c in llm(PROMPT, max_tokens=16, temperature=0, stream=True)] == expected
+        assert _text(llm(PROMPT, max_tokens=16, temperature=0)) == "".join(expected)
+
+
+# ---- where the reference crashes, we raise ------------------------------------------------------------
+@pytest.mark.parametrize("call", [dict(presence_penalty=float("nan")), dict(temperature=float("inf")),
+                                  dict(frequency_penalty=float("-inf")), dict(top_p=float("nan"))])
+def test_non_finite_sampling_values_are_refused(pair, call):
+    for llm in pair[1]:
+        with pytest.raises(ValueError):
+            llm.create_completion(PROMPT, max_tokens=4, **call)
+        assert _text(llm.create_completion(PROMPT, max_tokens=4, temperature=0)) == \
+            _text(pair[0].create_completion(PROMPT, max_tokens=4, temperature=0))
+
+
+def test_sample_without_eval_is_a_clear_error(tiny_target, tiny_draft):
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft), **KW)
+    try:
+        with pytest.raises(ValueError):
+            llm.sample(temp=0)
+        with pytest.raises(ValueError):
+            llm.eval([10**6])
+    finally:
+        llm.close()
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+
+def test_verbose_false_prints_nothing(tiny_target, tiny_draft):
+    code = (f"from llama_dflash import Llama, SpecConfig\n"
+            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}), n_ctx=128, verbose=False)\n"
+            f"llm.create_completion('the dog', max_tokens=4, temperature=0)\n"
+            f"llm.close()\n")
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and proc.stdout == ""
+
+
+def test_tiny_context_works_or_refuses_cleanly(tiny_target, tiny_draft):
+    """n_ctx=8 (smaller than the draft's block): same output as the reference, no abort."""
+    code = (f"import llama_cpp\nfrom llama_dflash import Llama, SpecConfig\n"
+            f"ref = llama_cpp.Llama({tiny_target!r}, n_ctx=8, verbose=False)\n"
+            f"a = ref.create_completion('the dog', max_tokens=4, temperature=0)['choices'][0]['text']\n"
+            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}, draft_n_max=4), n_ctx=8, verbose=False)\n"
+            f"b = llm.create_completion('the dog', max_tokens=4, temperature=0)['choices'][0]['text']\n"
+            f"assert a == b, (a, b)\nprint('ok')\n")
+    proc = _run(code)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_overflowing_grammar_is_refused_in_a_subprocess(tiny_target, tiny_draft):
+    code = (f"import llama_cpp\nfrom llama_dflash import Llama, SpecConfig\n"
+            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}), n_ctx=128, verbose=False)\n"
+            f"g = llama_cpp.LlamaGrammar(_grammar='root ::= ' + '(' * 60000 + '\"a\"' + ')' * 60000)\n"
+            f"try:\n    llm.create_completion('the', max_tokens=2, grammar=g)\n"
+            f"except ValueError as e:\n    print('refused', e)\n")
+    proc = _run(code)
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_nan_penalty_with_grammar_cannot_abort(tiny_target, tiny_draft):
+    """The reference process aborts (grammar accepts a masked token); ours raises first."""
+    code = (f"import llama_cpp\nfrom llama_dflash import Llama, SpecConfig\n"
+            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}), n_ctx=128, verbose=False)\n"
+            f"g = llama_cpp.LlamaGrammar.from_string('root ::= \"the\" | \"a\"', verbose=False)\n"
+            f"try:\n    llm.create_completion('the', max_tokens=4, grammar=g, presence_penalty=float('nan'))\n"
+            f"except ValueError as e:\n    print('refused', e)\n"
+            f"print(llm.create_completion('the', max_tokens=4, grammar=g, temperature=0)['choices'][0]['text'])\n")
+    proc = _run(code)
+    assert proc.returncode == 0 and "refused" in proc.stdout, proc.stderr[-2000:]
+
+
+
