@@ -334,3 +334,25 @@ def test_nan_penalty_with_grammar_cannot_abort(tiny_target, tiny_draft):
 
 
 
+
+
+def test_bad_token_in_a_later_chunk_leaves_the_cache_right(tiny_target, tiny_draft):
+    """A token prompt longer than n_batch with an out-of-range id in its second chunk is refused
+    before anything is decoded; the next request that shares the previous prefix is right."""
+    kw = {**KW, "logits_all": True, "n_batch": 16, "n_ubatch": 16}
+    ref = llama_cpp.Llama(tiny_target, **kw)
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **kw)
+    try:
+        text = "the dog " * 12
+        toks = ref.tokenize(text.encode())
+        assert len(toks) > 16
+        first = _text(llm.create_completion(text, max_tokens=8, temperature=0))
+        bad = toks[:20] + [10**7] + toks[21:]
+        with pytest.raises(ValueError, match="vocabulary"):
+            llm.create_completion(bad, max_tokens=4, temperature=0, echo=True, logprobs=1)
+        again = llm.create_completion(text, max_tokens=8, temperature=0, echo=True, logprobs=1)
+        expected = ref.create_completion(text, max_tokens=8, temperature=0, echo=True, logprobs=1)
+        assert _text(again) == _text(expected) and _text(again).endswith(first)
+        assert again["choices"][0]["logprobs"]["tokens"] == expected["choices"][0]["logprobs"]["tokens"]
+    finally:
+        _close(ref, llm)
