@@ -189,16 +189,16 @@ class LlamaDFlashDecoding(_Decoder):
     def _native_depth(self, target: TargetConfig, spec: SpecConfig, recurrent: bool) -> int:
         """n_rs_seq for the target context: the draft's block, when native rollback is wanted and
         possible.  llama.cpp keeps a decode's last n_rs_seq + 1 tokens in one ubatch and aborts
-        the process when n_ubatch is not larger than n_rs_seq, so that is checked here."""
+        the process unless n_ubatch > n_rs_seq + 1 (llama-batch.cpp), so that is checked here."""
         if not recurrent or spec.rollback == "checkpoint":
             return 0
         depth = native_depth_needed(self.draft_info.max_draft_tokens)
-        if target.n_ubatch > depth:  # (TargetConfig keeps n_ubatch <= n_batch)
+        if target.n_ubatch > depth + 1:  # (TargetConfig keeps n_ubatch <= n_batch)
             return depth
         if spec.rollback == "native":
             raise ValueError(
                 f"rollback='native' keeps {depth} recurrent snapshots (the draft's block), which needs "
-                f"n_ubatch > {depth}, not {target.n_ubatch}; raise n_ubatch or use rollback='checkpoint'")
+                f"n_ubatch > {depth + 1}, not {target.n_ubatch}; raise n_ubatch or use rollback='checkpoint'")
         return 0  # auto: checkpoints instead
 
     @property

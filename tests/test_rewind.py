@@ -240,10 +240,10 @@ def test_rewind_before_the_last_decode_empties_the_cache(pairs, arch, mode):
 
 
 def test_small_ubatch_native_refused_auto_uses_checkpoints(pairs):
-    """llama.cpp aborts when n_ubatch <= n_rs_seq: refused (forced native) or avoided (auto)."""
+    """llama.cpp aborts unless n_ubatch > n_rs_seq + 1: refused (forced native) or avoided (auto)."""
     pair = pairs["lfm2"]
     small = TargetConfig(pair.target, n_ctx=256, n_batch=64, n_ubatch=4, n_threads=1)
-    with pytest.raises(ValueError, match="n_ubatch > 8"):
+    with pytest.raises(ValueError, match="n_ubatch > 9"):
         _engine(small, pair.draft, "native")
     with _engine(small, pair.draft, "auto") as eng:
         assert eng.rewinder.mode == "checkpoint"
@@ -251,7 +251,8 @@ def test_small_ubatch_native_refused_auto_uses_checkpoints(pairs):
 
 
 @pytest.mark.parametrize("which,args,needle", [
-    ("lfm2", ["--rollback", "native", "--n-ubatch", "4"], "needs n_ubatch > 8"),
+    ("lfm2", ["--rollback", "native", "--n-ubatch", "4"], "needs n_ubatch > 9"),
+    ("lfm2", ["--rollback", "native", "--n-ubatch", "9"], "needs n_ubatch > 9"),  # n_rs_seq + 1: aborted
     ("qwen3next", ["--rollback", "native"], "honours n_rs_seq"),
     ("attention", ["--rollback", "checkpoint"], "recurrent or hybrid targets only"),
     ("lfm2", ["--rollback", "sometimes"], "invalid choice"),
