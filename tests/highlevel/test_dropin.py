@@ -356,3 +356,33 @@ def test_bad_token_in_a_later_chunk_leaves_the_cache_right(tiny_target, tiny_dra
         assert again["choices"][0]["logprobs"]["tokens"] == expected["choices"][0]["logprobs"]["tokens"]
     finally:
         _close(ref, llm)
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3next"])
+def test_hybrid_targets_roll_back_through_checkpoints(tiny_dir, arch):
+    """Recurrent/hybrid targets: the reference's cut fails, our eval restores checkpoints."""
+    from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
+    from llama_dflash.writer import write_random_draft, write_tiny_target
+
+    if arch == "lfm2":
+        target = write_tiny_target(str(tiny_dir / "hl_lfm2.gguf"), arch="lfm2", n_layer=4, seed=11)
+    else:
+        target = write_tiny_qwen3next(str(tiny_dir / "hl_qwen3next.gguf"), seed=1)
+    draft = write_random_draft(str(tiny_dir / f"hl_{arch}_draft.gguf"), target, block_size=9, seed=12)
+    ref = llama_cpp.Llama(target, **KW)
+    toks = ref.tokenize(PROMPT.encode())
+    g = ref.generate(toks, temp=0)
+    seq = toks + [next(g) for _ in range(64)]
+    g.close()
+    llm = Llama(target, speculative=SpecConfig(draft, draft_n_max=4), **KW)
+    llm.speculator.use_proposer(ScriptedProposer(llm.speculator.draft, Oracle(seq, ref.n_vocab())))
+    try:
+        assert llm.speculator.rewinder.mode == "checkpoint"
+        for call in (dict(temperature=0), dict(temperature=0.8, seed=5)):
+            expected = _text(ref.create_completion(PROMPT, max_tokens=24, **call))
+            assert _text(llm.create_completion(PROMPT, max_tokens=24, **call)) == expected, call
+        assert llm.last_stats.checkpoint_restores > 0 or llm.last_stats.rollbacks == 0
+        with pytest.raises(ValueError, match="checkpoint"):
+            Llama(target, speculative=SpecConfig(draft, rollback="native"), **KW)
+    finally:
+        _close(ref, llm)
