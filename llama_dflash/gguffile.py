@@ -38,6 +38,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name must be shorter
 DEFAULT_ALIGNMENT = 32
 INT64_MAX = 2**63 - 1
+_U64 = struct.Struct("<Q")
 #: numeric arrays longer than this are skipped, not decoded (scores, token types: never needed)
 MAX_DECODED_ARRAY = 4096
 #: string arrays whose items are only skipped (large, never needed)
@@ -165,6 +166,27 @@ class _Reader:
     def string(self) -> bytes:
         return self.raw(self.take("Q"))
 
+    def strings(self, n: int, keep: bool) -> Optional[list[bytes]]:
+        """n strings (the hot path: a vocabulary of 10^5 tokens), kept or only skipped."""
+        out: Optional[list[bytes]] = [] if keep else None
+        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+        for _ in range(n):
+            if pos + 8 > len(buf):
+                self.pos = pos
+                self._need(8)
+                buf = self.buf
+            (length,) = unpack(buf, pos)
+            pos += 8
+            if pos + length > len(buf):
+                self.pos = pos
+                self._need(length)
+                buf = self.buf
+            if out is not None:
+                out.append(buf[pos:pos + length])
+            pos += length
+        self.pos = pos
+        return out
+
     def array(self, fmt: str, n: int) -> np.ndarray:
         size = struct.calcsize("<" + fmt)
         self._need(n * size)
@@ -194,11 +216,7 @@ def _read_value(r: _Reader, key: str, vtype: int) -> KeyValue:
         if n > r.left() // 8:  # every string has at least its 8-byte length
             raise _fail(r.path, f"the length of array '{key}'", n,
                         f"at most {r.left() // 8} strings (the bytes left in the file)")
-        if key in SKIPPED_STRING_ARRAYS:
-            for _ in range(n):
-                r.skip(r.take("Q"))
-            return KeyValue(ARRAY, None, STRING, n)
-        return KeyValue(ARRAY, [r.string() for _ in range(n)], STRING, n)
+        return KeyValue(ARRAY, r.strings(n, keep=key not in SKIPPED_STRING_ARRAYS), STRING, n)
     fmt = _FORMATS.get(item)
     if fmt is None:
         raise _fail(r.path, f"the item type of array '{key}'", item,

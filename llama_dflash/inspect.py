@@ -165,13 +165,15 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     if os.path.isdir(path):
         raise GGUFFileError(path, "is a directory, expected a .gguf file")
     header = parse_header(path)
-    meta = {k: _plain(v) for k, v in header.kv.items()}
-    arch = meta.get("general.architecture")
-    arch = arch if isinstance(arch, str) else ""
     tok = header.kv.get("tokenizer.ggml.tokens")
     token_bytes: tuple[bytes, ...] = ()
     if tok is not None and tok.vtype == ARRAY and tok.item_type == STRING and tok.value is not None:
         token_bytes = tuple(tok.value)
+    tokens = tuple(b.decode("utf-8", errors="replace") for b in token_bytes)
+    meta = {k: list(tokens) if k == "tokenizer.ggml.tokens" and token_bytes else _plain(v)
+            for k, v in header.kv.items()}
+    arch = meta.get("general.architecture")
+    arch = arch if isinstance(arch, str) else ""
     tokenizer_model = meta.get("tokenizer.ggml.model")
     tensor_types = {name: t.ggml_type for name, t in header.tensors.items()}
     name = meta.get("general.name")
@@ -184,7 +186,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
         n_embd=_lenient_int(meta, f"{arch}.embedding_length"),
         n_ctx_train=_lenient_int(meta, f"{arch}.context_length"),
         tokenizer_model=tokenizer_model if isinstance(tokenizer_model, str) else "",
-        tokens=tuple(b.decode("utf-8", errors="replace") for b in token_bytes),
+        tokens=tokens,
         tensor_names=frozenset(tensor_types),
         tensor_types=tensor_types,
         metadata=meta,
