@@ -167,7 +167,9 @@ def _write(cases: list[Case], workdir: str) -> list[tuple[Case, str]]:
 
 def _report(outcomes: list[Outcome]) -> str:
     bad = [(o, p) for o in outcomes if (p := problems(o))]
-    lines = [f"{len(bad)} of {len(outcomes)} cases failed:"]
+    kinds = Counter(x if x.startswith("killed") else x.split(" ", 1)[1] if x[0].isdigit() else x.split(" ")[0]
+                    for _, p in bad for x in p)
+    lines = [f"{len(bad)} of {len(outcomes)} cases failed ({dict(kinds)}):"]
     for o, p in bad[:40]:
         lines.append(f"  {o.case.name}: {'; '.join(p)} | {o.stderr.strip()[-300:]!r}")
     return "\n".join(lines)
