@@ -351,15 +351,24 @@ def _check_shape(info: GGUFInfo, name: str, expected: Sequence[int], why: str, *
     return True
 
 
-def _check_float_weights(info: GGUFInfo, skip: frozenset[str] = frozenset()) -> None:
+def _is_index_table(name: str) -> bool:
+    """Integer tables llama.cpp reads with get_rows: d2t, DeepSeek-V4's token -> expert hash."""
+    return name == "d2t" or name.endswith(".ffn_gate_tid2eid.weight")
+
+
+def _check_float_weights(info: GGUFInfo) -> None:
     """Weights must be float or quantized: ggml aborts on integer types in matmuls and norms."""
     for name, t in info.header.tensors.items():
-        if name not in skip and GGML_TYPES[t.ggml_type][0] in ("I8", "I16", "I32", "I64", "F64"):
+        if _is_index_table(name):
+            continue
+        if GGML_TYPES[t.ggml_type][0] in ("I8", "I16", "I32", "I64", "F64"):
             raise IncompatibleModelError(info.path, f"tensor {name} type", t.type_name,
                                          "a float or quantized type (F32, F16, BF16, Q*)")
-        if len(t.shape) == 1 and name not in skip and t.type_name not in ("F32", "F16", "BF16"):
+        if len(t.shape) == 1 and t.type_name != "F32":
+            # llama.cpp's converters always write them as F32; ggml's CPU kernels multiply F32
+            # activations only by F32 vectors and abort otherwise
             raise IncompatibleModelError(info.path, f"tensor {name} type", t.type_name,
-                                         "F32, F16 or BF16 (a 1-D weight such as a norm)")
+                                         "F32 (a 1-D weight such as a norm)")
 
 
 # ---- any model -----------------------------------------------------------------------------------
@@ -558,7 +567,7 @@ def _check_draft_shapes(draft: GGUFInfo, n_embd: int, n_layer: int, n_ids: int, 
             draft.path, "dflash.attention.head_count", n_head[0], f"a divisor of embedding_length ({n_embd})")
     hk = key_len or n_embd // n_head[0]
     hv = val_len or n_embd // n_head[0]
-    _check_float_weights(draft, skip=frozenset({"d2t"}))
+    _check_float_weights(draft)
     _check_shape(draft, "fc.weight", (n_ids * n_embd, n_embd),
                  f"len(dflash.target_layers) * embedding_length = {n_ids} * {n_embd} wide")
     for name in ("enc.output_norm.weight", "output_norm.weight"):
