@@ -199,6 +199,12 @@ class _Reader:
         self.pos += n
 
 
+def printable(name: str, limit: int = 80) -> str:
+    """A name from the file, safe on one line of an error message (escaped, shortened)."""
+    short = name if len(name) <= limit else name[:limit] + "..."
+    return short if short.isprintable() else repr(short)[1:-1]
+
+
 def _fail(path: str, field: str, found: Any, expected: str) -> GGUFFileError:
     return GGUFFileError(path, f"{field} is {found}, expected {expected}", field=field)
 
@@ -237,12 +243,13 @@ def _read_kv(r: _Reader, n_kv: int) -> dict[str, KeyValue]:
         r.what = f"the name of key #{i}"
         raw = r.string()
         key = raw.decode("utf-8", errors="replace")
+        shown = printable(key)
         if not raw:
             raise _fail(r.path, f"the name of key #{i}", "empty", "a non-empty key name")
         if key in kv:
-            raise _fail(r.path, f"key '{key}'", "present twice", "each key at most once")
-        r.what = f"the value of key '{key}'"
-        kv[key] = _read_value(r, key, r.take("I"))
+            raise _fail(r.path, f"key '{shown}'", "present twice", "each key at most once")
+        r.what = f"the value of key '{shown}'"
+        kv[key] = _read_value(r, shown, r.take("I"))
     return kv
 
 
@@ -262,7 +269,7 @@ def _read_tensor(r: _Reader, i: int, seen: dict[str, TensorInfo]) -> TensorInfo:
     r.what = f"the name of tensor #{i}"
     raw = r.string()
     name = raw.decode("utf-8", errors="replace")
-    field = f"tensor '{name}'"
+    field = f"tensor '{printable(name)}'"
     if len(raw) >= MAX_NAME:
         raise _fail(r.path, f"the name of tensor #{i}", f"{len(raw)} bytes long", f"shorter than {MAX_NAME} bytes")
     if name in seen:
@@ -297,11 +304,11 @@ def _check_layout(r: _Reader, tensors: dict[str, TensorInfo], alignment: int) ->
     expected = 0
     for t in tensors.values():
         if t.offset != expected:
-            raise _fail(r.path, f"tensor '{t.name}' data offset", t.offset,
+            raise _fail(r.path, f"tensor '{printable(t.name)}' data offset", t.offset,
                         f"{expected} (tensor data packed in order, aligned to {alignment} bytes)")
         end = data_start + t.offset + t.nbytes
         if end > r.size:
-            raise _fail(r.path, f"tensor '{t.name}' data", f"{t.nbytes} bytes at file offset {data_start + t.offset}",
+            raise _fail(r.path, f"tensor '{printable(t.name)}' data", f"{t.nbytes} bytes at file offset {data_start + t.offset}",
                         f"inside the file ({r.size} bytes; the file is truncated)")
         expected += -(-t.nbytes // alignment) * alignment
     return data_start

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import GGUFFileError, IncompatibleModelError, UnsupportedTargetError
 from .gguffile import ARRAY, BOOL, FLOAT32, FLOAT64, GGML_TYPES, STRING, GGUFHeader, KeyValue, TensorInfo, \
-    parse_header, read_tensor_bytes
+    parse_header, printable, read_tensor_bytes
 
 __all__ = [
     "GGUFInfo",
@@ -362,12 +362,12 @@ def _check_float_weights(info: GGUFInfo) -> None:
         if _is_index_table(name):
             continue
         if GGML_TYPES[t.ggml_type][0] in ("I8", "I16", "I32", "I64", "F64"):
-            raise IncompatibleModelError(info.path, f"tensor {name} type", t.type_name,
+            raise IncompatibleModelError(info.path, f"tensor {printable(name)} type", t.type_name,
                                          "a float or quantized type (F32, F16, BF16, Q*)")
         if len(t.shape) == 1 and t.type_name != "F32":
             # llama.cpp's converters always write them as F32; ggml's CPU kernels multiply F32
             # activations only by F32 vectors and abort otherwise
-            raise IncompatibleModelError(info.path, f"tensor {name} type", t.type_name,
+            raise IncompatibleModelError(info.path, f"tensor {printable(name)} type", t.type_name,
                                          "F32 (a 1-D weight such as a norm)")
 
 

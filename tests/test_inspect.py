@@ -347,6 +347,16 @@ def test_full_vocab_d2t_without_token_embd_accepted(tiny_dir, tiny_target, tmp_p
     path = _rw(dspark, tmp_path, "full_d2t", tensors={"d2t": perm})
     info = validate_pair(read_gguf(tiny_target), read_gguf(path))
     assert info.reduced_vocab == 316 and not info.has_token_embd and not info.has_output
+    # and llama.cpp runs it: same greedy tokens as ordinary decoding
+    from llama_dflash import OrdinaryDecoding
+
+    cfg = TargetConfig(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with OrdinaryDecoding(cfg) as plain:
+        prompt = plain.tokenize("the quick brown fox")
+        ref = plain.generate(prompt, 12, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(cfg, SpecConfig(path, draft_n_max=4)) as eng:
+        res = eng.generate(prompt, 12, ignore_eos=True)
+    assert res.tokens == ref and res.stats.drafted > 0
 
 
 def test_missing_feed_forward_length_is_checked_like_llama_cpp(tiny_target, tiny_draft, tmp_path):

@@ -350,6 +350,8 @@ def structure_mutations(lay: Layout, role: str) -> list[Case]:
         Case(f"{role}-struct-empty-key", role, build(lay, kvs=kvs + [enc_kv("", U32, 1)]), ("the name of key",)),
         Case(f"{role}-struct-bad-vtype", role, build(lay, kvs=kvs + [enc_str("x.y") + struct.pack("<I", 13)]),
              ("key 'x.y'",)),
+        Case(f"{role}-struct-newline-key", role, build(lay, kvs=kvs + [enc_str("x\ny") + struct.pack("<I", 13)]),
+             ("key 'x\\ny'",)),  # one stderr line still
         Case(f"{role}-struct-nested-array", role,
              build(lay, kvs=kvs + [enc_str("x.y") + struct.pack("<IIQ", ARR, ARR, 1)]), ("array 'x.y'",)),
         Case(f"{role}-struct-dup-tensor", role, build(lay, infos=dup_name), (f"tensor {q}{t0.name}{q}",)),
