@@ -33,7 +33,7 @@ from llama_dflash.writer import write_random_draft
 TIME_LIMIT_S = 2.0
 EXTRA_MEMORY = 1 << 30  # bytes of address space a child may add to what it inherited
 ARGS = ["--max-tokens", "2", "--runs", "1", "--warmup-tokens", "0", "--n-ctx", "64", "--n-batch", "32",
-        "--n-ubatch", "32", "--raw-prompt", "--prompt", "a b", "--threads", "1", "--quiet"]
+        "--n-ubatch", "32", "--prompt", "a b", "--threads", "1", "--quiet"]
 
 
 @dataclass

@@ -390,10 +390,18 @@ def test_check_gguf_file_for_any_model(tiny_target, tmp_path):
         check_gguf_file(_rw(tiny_target, tmp_path, "dup", set_keys={"tokenizer.ggml.tokens": (dup, ARR, STR)}))
 
 
-def _bench(model, draft):
+def _bench(model, draft, *extra):
     return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "bench", "--model", model, "--draft-model", draft,
                            "--max-tokens", "2", "--runs", "1", "--warmup-tokens", "0", "--n-ctx", "64",
-                           "--raw-prompt", "--prompt", "a b"], capture_output=True, text=True, timeout=180)
+                           "--prompt", "a b", *extra], capture_output=True, text=True, timeout=180)
+
+
+def test_cli_chat_template_of_wrong_type(tiny_target, tiny_draft, tmp_path):
+    """Was a TypeError traceback from the bench's chat wrapping."""
+    target = _rw(tiny_target, tmp_path, "tmpl", set_keys={"tokenizer.chat_template": (7, U32)})
+    proc = _bench(target, tiny_draft)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "tokenizer.chat_template" in proc.stderr
 
 
 def test_cli_layer_id_equal_to_block_count_does_not_abort(tiny_target, tmp_path):

@@ -246,6 +246,8 @@ def _variants(kind: str, n_vocab: int) -> list[tuple[str, Optional[bytes]]]:
         return [("scalar", enc_value(U32, 1)), ("strings", enc_value(ARR, ["1"], STR)), ("empty", enc_value(ARR, [], I32)),
                 ("floats", enc_value(ARR, [1.0], F32)), ("beyond", enc_value(ARR, [1, 99], I32)),
                 ("negative", enc_value(ARR, [-1, 2], I32)), ("missing", None)]
+    if kind == "opt_string":
+        return [("int", enc_value(U32, 1)), ("array", enc_value(ARR, ["x"], STR)), ("bool", enc_value(BOOL, True))]
     if kind == "tokens":
         return [("scalar", enc_value(STR, "a")), ("ints", enc_value(ARR, [1, 2], I32)), ("empty", enc_value(ARR, [], STR)),
                 ("missing", None)]
@@ -279,6 +281,7 @@ TARGET_KEYS = {
     "llama.embedding_length": "count",
     "llama.nextn_predict_layers": "opt_count",
     "tokenizer.ggml.tokens": "tokens",
+    "tokenizer.chat_template": "opt_string",
 }
 #: values that are valid after all (not refused): left out of the corpus
 _VALID = {("dflash.nextn_predict_layers", "zero"), ("dflash.hyper_connection.count", "zero"),
