@@ -19,7 +19,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -29,6 +28,8 @@ import pytest
 
 from fuzz.gguf_mutations import Case, corpus
 from llama_dflash.writer import write_random_draft
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks children and reads /proc/self/status")
 
 TIME_LIMIT_S = 2.0
 EXTRA_MEMORY = 1 << 30  # bytes of address space a child may add to what it inherited
@@ -85,8 +86,7 @@ def _child(argv: list[str], err_path: str) -> None:
         os.dup2(err, 2)
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
-        limit = _vm_size() + EXTRA_MEMORY
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + EXTRA_MEMORY,) * 2)
         from llama_dflash.cli import main
 
         code = main(argv)

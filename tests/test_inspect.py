@@ -3,7 +3,6 @@ raised before llama.cpp sees the file; via the CLI it is one line on stderr and 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import random
 import struct
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
