@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 class DFlashError(Exception):
@@ -10,11 +10,13 @@ class DFlashError(Exception):
 
 
 class GGUFFileError(DFlashError, ValueError):
-    """A file is missing, unreadable or not a GGUF file."""
+    """A file is missing, unreadable, not a GGUF file or malformed; `field` names the part of
+    the file at fault (a key, a tensor, a count) when there is one."""
 
-    def __init__(self, path: str, reason: str):
+    def __init__(self, path: str, reason: str, *, field: Optional[str] = None):
         self.path = path
         self.reason = reason
+        self.field = field
         super().__init__(f"{path}: {reason}")
 
 

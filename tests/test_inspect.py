@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from gguf import GGUFValueType
 
@@ -167,3 +168,256 @@ def test_cli_bad_arguments(tiny_target, tiny_draft, args, needle):
     proc = _cli("--model", tiny_target, "--draft-model", tiny_draft, *args)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- regression tests: issue 13 item 7, issue 12 items 3 and 5 ----------------------------------
+
+from fuzz.gguf_mutations import rewrite  # noqa: E402
+from llama_dflash.inspect import check_gguf_file, read_draft, validate_files, validate_target_file  # noqa: E402
+
+U64, F32T, BOOLT = GGUFValueType.UINT64, GGUFValueType.FLOAT32, GGUFValueType.BOOL
+
+
+def _rw(src, tmp_path, name, **kw):
+    dst = str(tmp_path / f"{name}.gguf")
+    rewrite(src, dst, **kw)
+    return dst
+
+
+@pytest.mark.parametrize("key,value", [
+    ("dflash.block_size", ([16, 16], ARR, U32)),          # was a TypeError traceback
+    ("tokenizer.ggml.mask_token_id", ("3", STR)),          # was "invalid literal for int()"
+    ("dflash.embedding_length", ("64x", STR)),             # was a ValueError while reading
+    ("dflash.has_confidence_head", ("false", STR)),        # was silently True
+    ("dflash.attention.causal", (1, U32)),                 # was silently True
+    ("dflash.block_count", (2**40, U64)),                  # llama.cpp asserts <= 512
+    ("dflash.attention.layer_norm_rms_epsilon", (float("nan"), F32T)),
+])
+def test_wrong_value_types_name_file_and_field(tiny_target, tiny_draft, tmp_path, key, value):
+    path = _rw(tiny_draft, tmp_path, "typed", set_keys={key: value})
+    with pytest.raises(IncompatibleModelError) as exc:
+        validate_pair(read_gguf(tiny_target), read_gguf(path))
+    assert exc.value.path == path and key in exc.value.field and "expected" in str(exc.value)
+
+
+def _patch_u64(src: str, dst: str, key: str, after_type: int, value: int) -> str:
+    """Overwrite the 8 bytes at `after_type` bytes past key's value type (an array's count)."""
+    import struct as _struct
+
+    from fuzz.gguf_mutations import parse
+
+    raw = bytearray(open(src, "rb").read())
+    kv = parse(bytes(raw)).kv(key)
+    _struct.pack_into("<Q", raw, kv.value_start + after_type, value)
+    with open(dst, "wb") as fh:
+        fh.write(raw)
+    return dst
+
+
+@pytest.mark.parametrize("key", ["tokenizer.ggml.tokens", "tokenizer.ggml.scores"])
+def test_huge_array_count_fails_at_once_naming_the_array(tiny_target, tmp_path, key):
+    path = _patch_u64(tiny_target, str(tmp_path / "huge.gguf"), key, 4, 2**64 - 1)
+    with pytest.raises(GGUFFileError, match=f"the length of array '{key}' is 18446744073709551615"):
+        read_gguf(path)
+
+
+def test_header_is_read_without_mmap(tiny_target, tiny_draft, monkeypatch):
+    """A file truncated while mapped turns into SIGBUS; plain reads turn it into an error."""
+    import mmap
+
+    def no_mmap(*a, **k):
+        raise AssertionError("mmap used")
+
+    monkeypatch.setattr(mmap, "mmap", no_mmap)
+    validate_pair(read_gguf(tiny_target), read_gguf(tiny_draft))
+
+
+def test_file_shrinking_while_read_is_an_error(tiny_target, tmp_path, monkeypatch):
+    """The file's size is taken when it is opened; a file cut shorter afterwards (simulated: the
+    size reported is the original one) ends in an error at the first read past its new end."""
+    import llama_dflash.gguffile as gf
+
+    raw = open(tiny_target, "rb").read()
+    path = tmp_path / "shrunk.gguf"
+    path.write_bytes(raw[:300])
+
+    class Original:
+        st_size = len(raw)
+
+    monkeypatch.setattr(gf.os, "fstat", lambda fd: Original())
+    with pytest.raises(GGUFFileError, match="ended at byte 300 while being read"):
+        read_gguf(str(path))
+
+
+def test_d2t_is_read_from_its_own_bytes(tiny_dir, tiny_target, monkeypatch):
+    """Not through gguf.GGUFReader (every tensor of the file: ~3 s on SmolLM2)."""
+    import gguf
+
+    path = write_random_draft(str(tiny_dir / "own_bytes_d2t.gguf"), tiny_target, seed=4, draft_vocab=32)
+
+    def no_reader(*a, **k):
+        raise AssertionError("GGUFReader used")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    assert validate_pair(read_gguf(tiny_target), read_gguf(path)).reduced_vocab == 32
+
+
+@pytest.mark.parametrize("tensor,cut,field", [
+    ("fc.weight", lambda a: a[:, :-64], "tensor fc.weight shape"),
+    ("blk.0.attn_k.weight", lambda a: a[:-8], "tensor blk.0.attn_k.weight shape"),
+    ("blk.0.ffn_up.weight", lambda a: a[:-1], "tensor blk.0.ffn_up.weight shape"),
+    ("blk.0.attn_q_norm.weight", lambda a: a[:-1], "tensor blk.0.attn_q_norm.weight shape"),
+])
+def test_draft_shapes_checked_against_metadata(tiny_target, tiny_draft, tmp_path, tensor, cut, field):
+    from gguf import GGUFReader
+
+    t = next(x for x in GGUFReader(tiny_draft, "r").tensors if x.name == tensor)
+    arr = np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape.tolist())))
+    path = _rw(tiny_draft, tmp_path, "shape", tensors={tensor: cut(arr)})
+    with pytest.raises(IncompatibleModelError) as exc:
+        validate_pair(read_gguf(tiny_target), read_gguf(path))
+    assert exc.value.field == field
+
+
+def test_markov_head_shapes(tiny_dir, tiny_target, tmp_path):
+    from gguf import GGUFReader
+
+    dspark = write_random_draft(str(tiny_dir / "shape_dspark.gguf"), tiny_target, seed=5, markov_rank=8,
+                                confidence_head=True)
+    w1 = next(x for x in GGUFReader(dspark, "r").tensors if x.name == "conf_proj.weight")
+    path = _rw(dspark, tmp_path, "conf", tensors={"conf_proj.weight": np.array(w1.data).reshape(1, -1)[:, :-2]})
+    with pytest.raises(IncompatibleModelError, match="tensor conf_proj.weight shape"):
+        validate_pair(read_gguf(tiny_target), read_gguf(path))
+
+
+def test_target_shapes_checked_before_loading(tiny_target, tmp_path):
+    from gguf import GGUFReader
+
+    t = next(x for x in GGUFReader(tiny_target, "r").tensors if x.name == "output.weight")
+    path = _rw(tiny_target, tmp_path, "out_rows", tensors={"output.weight": np.array(t.data).reshape(316, 64)[:-4]})
+    with pytest.raises(IncompatibleModelError, match="tensor output.weight shape"):
+        validate_target_file(path)
+
+
+@pytest.mark.parametrize("arch", ["gemma3n", "hunyuan-moe"])
+def test_archs_without_layer_inputs_refused(tiny_target, tmp_path, arch):
+    path = _rw(tiny_target, tmp_path, arch, arch=arch)
+    with pytest.raises(UnsupportedTargetError, match=f"general.architecture is '{arch}'"):
+        validate_target_file(path)
+
+
+def _layers_draft(tiny_target, tmp_path, layers, name="layers"):
+    return write_random_draft(str(tmp_path / f"{name}.gguf"), tiny_target, seed=6, target_layers=layers)
+
+
+def test_layer_id_equal_to_block_count_refused_on_llama(tiny_target, tmp_path):
+    draft = _layers_draft(tiny_target, tmp_path, [1, 2, 4])
+    with pytest.raises(IncompatibleModelError, match=r"dflash.target_layers is \[1, 2, 4\], expected layer ids "
+                                                     r"within 0..3"):
+        validate_files(tiny_target, draft)
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "mimo2", "deepseek4", "nemotron_h_moe"])
+def test_layer_id_equal_to_block_count_allowed_where_the_final_input_exists(tiny_target, tmp_path, arch):
+    target = _rw(tiny_target, tmp_path, arch, arch=arch)
+    info = validate_pair(validate_target_file(target), read_draft(_layers_draft(tiny_target, tmp_path, [1, 2, 4])))
+    assert info.target_layers == (1, 2, 4)
+
+
+def test_layer_ids_bounded_by_mtp_layers(tiny_target, tmp_path):
+    target = _rw(tiny_target, tmp_path, "nextn", set_keys={"llama.nextn_predict_layers": (1, U32)})
+    with pytest.raises(IncompatibleModelError, match="within 0..2 .*1 of them MTP layers"):
+        validate_files(target, _layers_draft(tiny_target, tmp_path, [1, 2, 3]))
+    validate_files(target, _layers_draft(tiny_target, tmp_path, [0, 1, 2], "ok"))
+
+
+def test_qwen4exp_with_hyper_connections_refused(tiny_target, tmp_path):
+    target = _rw(tiny_target, tmp_path, "q4", arch="qwen4exp",
+                 set_keys={"qwen4exp.hyper_connection.count": (4, U32)})
+    with pytest.raises(UnsupportedTargetError, match="qwen4exp.hyper_connection.count is 4"):
+        validate_target_file(target)
+
+
+def test_full_vocab_d2t_without_token_embd_accepted(tiny_dir, tiny_target, tmp_path):
+    """A DSpark export over the whole vocabulary: d2t a permutation, no token_embd, no output:
+    llama.cpp uses the target's embeddings and head through ctx_other."""
+    dspark = write_random_draft(str(tiny_dir / "full_d2t_src.gguf"), tiny_target, seed=7, markov_rank=8)
+    perm = np.random.default_rng(0).permutation(316).astype(np.int64)
+    path = _rw(dspark, tmp_path, "full_d2t", tensors={"d2t": perm})
+    info = validate_pair(read_gguf(tiny_target), read_gguf(path))
+    assert info.reduced_vocab == 316 and not info.has_token_embd and not info.has_output
+    # and llama.cpp runs it: same greedy tokens as ordinary decoding
+    from llama_dflash import OrdinaryDecoding
+
+    cfg = TargetConfig(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with OrdinaryDecoding(cfg) as plain:
+        prompt = plain.tokenize("the quick brown fox")
+        ref = plain.generate(prompt, 12, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(cfg, SpecConfig(path, draft_n_max=4)) as eng:
+        res = eng.generate(prompt, 12, ignore_eos=True)
+    assert res.tokens == ref and res.stats.drafted > 0
+
+
+def test_missing_feed_forward_length_is_checked_like_llama_cpp(tiny_target, tiny_draft, tmp_path):
+    """llama.cpp reads the key as optional (n_ff 0), then the ffn tensors cannot match."""
+    path = _rw(tiny_draft, tmp_path, "no_ff", drop_keys=["dflash.feed_forward_length"])
+    with pytest.raises(IncompatibleModelError) as exc:
+        validate_pair(read_gguf(tiny_target), read_gguf(path))
+    assert exc.value.field == "tensor blk.0.ffn_gate.weight shape" and "feed_forward_length 0" in str(exc.value)
+
+
+def test_token_texts_compared_as_bytes(tiny_target, tiny_draft, tmp_path):
+    """Two different invalid UTF-8 texts decode to the same replacement character."""
+    from llama_dflash.writer import tiny_vocab
+
+    def with_token(src, name, text):
+        tokens = [t.encode() for t in tiny_vocab()[0]]
+        tokens[300] = text
+        return _rw(src, tmp_path, name, set_keys={"tokenizer.ggml.tokens": (tokens, ARR, STR)})
+
+    target, draft = with_token(tiny_target, "t_ff", b"\xff"), with_token(tiny_draft, "d_fe", b"\xfe")
+    with pytest.raises(IncompatibleModelError, match=r"tokenizer.ggml.tokens\[300\] is b'\\xfe'"):
+        validate_pair(read_gguf(target), read_gguf(draft))
+
+
+def test_check_gguf_file_for_any_model(tiny_target, tmp_path):
+    """Usable without a draft and for architectures that cannot be DFlash targets."""
+    assert check_gguf_file(_rw(tiny_target, tmp_path, "gemma3", arch="gemma3")).architecture == "gemma3"
+    dup = [t.encode() for t in __import__("llama_dflash.writer", fromlist=["tiny_vocab"]).tiny_vocab()[0]]
+    dup[5] = dup[4]
+    with pytest.raises(IncompatibleModelError, match=r"tokenizer.ggml.tokens\[5\]"):
+        check_gguf_file(_rw(tiny_target, tmp_path, "dup", set_keys={"tokenizer.ggml.tokens": (dup, ARR, STR)}))
+
+
+def _bench(model, draft, *extra):
+    return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "bench", "--model", model, "--draft-model", draft,
+                           "--max-tokens", "2", "--runs", "1", "--warmup-tokens", "0", "--n-ctx", "64",
+                           "--prompt", "a b", *extra], capture_output=True, text=True, timeout=180)
+
+
+def test_cli_chat_template_of_wrong_type(tiny_target, tiny_draft, tmp_path):
+    """Was a TypeError traceback from the bench's chat wrapping."""
+    target = _rw(tiny_target, tmp_path, "tmpl", set_keys={"tokenizer.chat_template": (7, U32)})
+    proc = _bench(target, tiny_draft)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "tokenizer.chat_template" in proc.stderr
+
+
+def test_cli_layer_id_equal_to_block_count_does_not_abort(tiny_target, tmp_path):
+    """llama.cpp asserts "layer input tensor is null" (SIGABRT) on this pair."""
+    proc = _bench(tiny_target, _layers_draft(tiny_target, tmp_path, [1, 2, 4]))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-500:])
+    assert len(proc.stderr.strip().splitlines()) == 1 and "dflash.target_layers" in proc.stderr
+
+
+def test_cli_target_with_repeated_token_does_not_abort(tiny_target, tiny_draft, tmp_path):
+    """llama.cpp's vocabulary loader asserts distinct token texts (SIGABRT); the bench used to load
+    the target before any check."""
+    from llama_dflash.writer import tiny_vocab
+
+    tokens = [t.encode() for t in tiny_vocab()[0]]
+    tokens[290] = tokens[291]
+    target = _rw(tiny_target, tmp_path, "dup_target", set_keys={"tokenizer.ggml.tokens": (tokens, ARR, STR)})
+    proc = _bench(target, tiny_draft)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-500:])
+    assert len(proc.stderr.strip().splitlines()) == 1 and "tokenizer.ggml.tokens[291]" in proc.stderr

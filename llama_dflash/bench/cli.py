@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..config import SpecConfig, TargetConfig
-from ..inspect import read_gguf
+from ..inspect import get_str, read_gguf, validate_files
 from ..sampling import SamplingParams
 from .format import format_result
 from .runner import BenchConfig, run_benchmark
@@ -103,7 +103,7 @@ def _int_list(text: str) -> list[int]:
 
 def chat_wrap(model_path: str, prompt: str) -> str:
     """Wrap a user prompt in ChatML when the model's template is ChatML (SmolLM2, Qwen)."""
-    template = read_gguf(model_path).get("tokenizer.chat_template") or ""
+    template = get_str(read_gguf(model_path), "tokenizer.chat_template", "")
     if "<|im_start|>" in template:
         return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
     return prompt
@@ -135,6 +135,7 @@ def _is_sweep(args: argparse.Namespace) -> bool:
 
 def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
     model, draft = _resolve_models(args)
+    validate_files(model, draft, args.algorithm)  # before llama.cpp loads either file
     target = TargetConfig(model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                           n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
     spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_tokens,
