@@ -9,7 +9,7 @@ from ._llama import Model, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
-from .inspect import DraftInfo, GGUFInfo, read_gguf, validate_pair, validate_target
+from .inspect import DraftInfo, GGUFInfo, check_gguf_file, read_draft, validate_pair, validate_target
 from .proposer import DFlashProposer, Proposer
 from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
@@ -113,7 +113,7 @@ class OrdinaryDecoding(_Decoder):
 
     def __init__(self, target: TargetConfig, *, model: Optional[Model] = None):
         set_verbose(target.verbose)
-        self.target_info: GGUFInfo = read_gguf(target.model)
+        self.target_info: GGUFInfo = check_gguf_file(target.model)
         self._model, self._owns_model = _load_target_model(target, model)
         self.target = TargetContext(self._model, target)
         self._cut_allowed = not is_recurrent_model(self._model)
@@ -160,9 +160,9 @@ class LlamaDFlashDecoding(_Decoder):
         set_verbose(target.verbose)
         ext.check_symbols()
         self.spec = spec
-        self.target_info: GGUFInfo = read_gguf(target.model)
+        self.target_info: GGUFInfo = check_gguf_file(target.model)
         validate_target(self.target_info)
-        self.draft_info: DraftInfo = validate_pair(self.target_info, read_gguf(spec.draft_model), spec.algorithm)
+        self.draft_info: DraftInfo = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)
         self.algorithm = self.draft_info.algorithm
         self.last_stats = self._new_stats()
         self._model, self._owns_model = _load_target_model(target, model)

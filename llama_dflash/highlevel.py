@@ -47,7 +47,7 @@ from ._llama import Context, Model, cpu_has_amx, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
-from .inspect import read_gguf, validate_pair, validate_target
+from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
 from .proposer import DFlashProposer
 from .rewind import is_recurrent_model, make_rewinder
 from .speculator import Speculator
@@ -153,11 +153,14 @@ class Llama(llama_cpp.Llama):
                 if kwargs.get(name):
                     raise ValueError(f"llama_dflash.Llama: {name} cannot be combined with speculative=")
         _check_lora(kwargs.get("lora_path"))
-        target_info = read_gguf(model_path) if os.path.isfile(model_path) else None  # malformed: clear error
-        if speculative is not None and target_info is not None:
+        # llama.cpp aborts the process on many malformed files: check them in Python first
+        target_info = check_gguf_file(model_path) if os.path.isfile(model_path) else None
+        if speculative is not None:
+            if target_info is None:
+                raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
             validate_target(target_info)
-            self._draft_info = validate_pair(target_info, read_gguf(speculative.draft_model), speculative.algorithm)
+            self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model), speculative.algorithm)
         with _model_params(self._repack):
             super().__init__(model_path, **kwargs)
         self.last_stats = SpecStats(algorithm="ordinary")
