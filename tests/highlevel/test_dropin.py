@@ -386,3 +386,39 @@ def test_hybrid_targets_roll_back_through_checkpoints(tiny_dir, arch):
             Llama(target, speculative=SpecConfig(draft, rollback="native"), **KW)
     finally:
         _close(ref, llm)
+
+
+def _write_lora(path: str, n_embd: int = 64, rank: int = 4, seed: int = 0) -> str:
+    """A LoRA adapter GGUF for the tiny llama fixture: low-rank updates of every attn_q/ffn_up."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    for layer in range(4):
+        for name, n_out in (("attn_q", n_embd), ("ffn_up", 128)):
+            base = f"blk.{layer}.{name}.weight"
+            w.add_tensor(base + ".lora_a", rng.standard_normal((rank, n_embd)).astype(np.float32))
+            w.add_tensor(base + ".lora_b", rng.standard_normal((n_out, rank)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_lora_applies_to_the_target(tiny_target, tiny_draft, tmp_path):
+    lora = _write_lora(str(tmp_path / "lora.gguf"))
+    ref, ours = _variants(tiny_target, tiny_draft, lora_path=lora, lora_scale=0.7)
+    try:
+        call = dict(max_tokens=24, temperature=0)
+        expected = _text(ref.create_completion(PROMPT, **call))
+        plain = llama_cpp.Llama(tiny_target, **KW)
+        assert _text(plain.create_completion(PROMPT, **call)) != expected, "the adapter changes nothing"
+        plain.close()
+        for llm in ours:
+            assert _text(llm.create_completion(PROMPT, **call)) == expected, llm.speculative
+    finally:
+        _close(ref, ours)
