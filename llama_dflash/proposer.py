@@ -1,8 +1,8 @@
 """Draft proposers: turn (last token, position) into a block of draft tokens.
 
-`DFlashProposer` runs a DFlash/DSpark draft GGUF: target-layer features are injected into its
-KV cache after every target decode, and one non-causal decode of `[last, MASK...]` yields a
-whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
+`DFlashProposer` runs a DFlash/DSpark/DFlash2 draft GGUF: target-layer features are injected
+into its KV cache after every target decode, and one non-causal decode of `[last, MASK...]`
+yields a whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
 same motions) but replaces its tokens, to drive every accepted length in tests.
 """
 
@@ -19,12 +19,12 @@ from llama_cpp import llama_cpp as ll
 from . import _bindings as ext
 from ._llama import BatchExt, Context, Model
 from .config import SpecConfig
-from .errors import LlamaCallError
+from .errors import IncompatibleModelError, LlamaCallError
 from .inspect import DraftInfo
 from .stats import SpecStats
 from .target import TargetContext, default_threads, embd_struct, float_view
 
-__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer"]
+__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "selector_walk"]
 
 CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
 
@@ -72,6 +72,14 @@ class DFlashProposer:
         self.p_min = spec.draft_p_min
         self.mask = info.mask_token_id
         self.anchor_first = info.anchor_first
+        self.selector_top_k = 0
+        if info.is_dflash2:
+            # llama.cpp has checked at load that n_embd holds top_k ids + top_k^2 scores per row
+            self.selector_top_k = int(ext.llama_model_dflash_selector_top_k(self.model.ptr))
+            if self.selector_top_k <= 0:
+                self.model.close()
+                raise IncompatibleModelError(info.path, "dflash.selector_top_k", self.selector_top_k,
+                                             "a positive integer (the draft has DFlash2 selector tensors)")
         if info.algorithm == "dspark" and self.p_min > 0 and not info.has_confidence_head:
             self.model.close()
             raise ValueError(
@@ -238,17 +246,32 @@ class DFlashProposer:
             self._pending_rows = 0
             raise LlamaCallError(f"draft feature injection at position {pos} failed (rc {rc})")
 
+    def block_tokens(self, n_past: int) -> int:
+        """Rows of the block decoded at n_past: n_max (+1 for the anchor), as llama.cpp decodes it.
+
+        The block is shortened only when the context ends first (its cells must exist).  See
+        BLOCK SEMANTICS at the top of this module for why it is not shortened to the tokens asked for.
+        """
+        full = self.n_max + (0 if self.anchor_first else 1)
+        return max(0, min(full, self.info.block_size, self.target.n_ctx - n_past))
+
     def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
-        """Draft up to n tokens following id_last (which sits at position n_past)."""
-        # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
-        # silently, so never let n_max (which callers may set) push the block past it
-        n = min(n, self.n_max, self.info.max_draft_tokens)
+        """Draft up to n tokens following id_last (which sits at position n_past).
+
+        The block is decoded at its full length (`block_tokens`) whatever n is; the filters and
+        n_min apply to the full block's tokens, then the result is cut to n (llama.cpp's order).
+        """
+        n = min(n, self.n_max)
         if n <= 0 or self.p_min >= 1.0:
             # p_min 1 drafts nothing, even where a confidence or probability saturates to 1.0
             return []
+        n_block = self.block_tokens(n_past)
+        if n_block < (1 if self.anchor_first else 2):
+            return []
         self.flush()
         t0 = time.perf_counter()
-        n_block = n if self.anchor_first else n + 1
+        # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
+        # silently (and DFlash2 lattice rows stop at block_size)
         assert n_block <= self.info.block_size
         tokens: list[int] = []
         try:
@@ -262,6 +285,7 @@ class DFlashProposer:
             self.ctx.seq_rm(0, n_past, -1)
         if len(tokens) < self.n_min:
             tokens = []
+        tokens = tokens[:n]
         self.stats.draft_seconds += time.perf_counter() - t0
         self.stats.draft_steps += 1
         self.stats.drafted += len(tokens)
@@ -274,15 +298,22 @@ class DFlashProposer:
         DSpark reads 0..n_block-1.  The draft token of a slot is its top candidate (ties: lowest
         id, identical on the backend and CPU paths).  Filters, as llama.cpp's driver: DSpark with
         p_min > 0 stops at the first slot whose confidence is below p_min; DFlash stops at the first
-        slot whose top-1 probability over the candidates is below p_min.
+        slot whose top-1 probability over the candidates is below p_min.  DFlash2 decodes without
+        logits and walks its selector lattice (`selector_walk`).
         """
         b = self.batch
         b.clear()
+        outputs = not self.info.is_dflash2  # DFlash2 reads the lattice rows, which exist for every token
         for i in range(n_block):
-            b.add_token(id_last if i == 0 else self.mask, n_past + i, True)
+            b.add_token(id_last if i == 0 else self.mask, n_past + i, outputs)
         rc = b.process()
         if rc != 0:
             raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
+        if self.info.is_dflash2:
+            lattice = ext.llama_get_embeddings_nextn(self.ctx.ptr)
+            if not lattice:
+                raise LlamaCallError("the DFlash2 draft produced no selector lattice (llama_get_embeddings_nextn)")
+            return selector_walk(float_view(lattice, (n_block, self.n_embd)), self.selector_top_k, self.p_min)
         first = 0 if self.anchor_first else 1
         conf = None
         dspark = self.info.algorithm == "dspark"
@@ -325,14 +356,31 @@ class DFlashProposer:
         return float_view(ptr, (self.n_vocab,))
 
 
+def selector_walk(lattice: np.ndarray, top_k: int, p_min: float = 0.0) -> list[int]:
+    """The DFlash2 draft tokens of one block: a greedy walk over its selector lattice.
+
+    `lattice` has one row per block slot (slot 0, the anchor, is not read).  Row i starts with the
+    ids of slot i's top_k candidates (as floats), then top_k x top_k scores, predecessor-major:
+    entry [p][j] scores candidate j of slot i after candidate p of slot i-1 (slot 1's predecessor
+    is the anchor, so its rows are all alike).  Each slot takes the best successor of the previous
+    slot's choice (first maximum on ties); with p_min > 0 the walk stops at the first slot whose
+    choice has a softmax over those top_k scores below p_min.  llama.cpp's driver walks the same
+    lattice the same way (common/speculative.cpp).
+    """
+    tokens: list[int] = []
+    pred = 0
+    for i in range(1, lattice.shape[0]):
+        row = lattice[i]
+        scores = row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
+        pred = int(np.argmax(scores))
+        if p_min > 0.0 and 1.0 / float(np.exp(scores - scores[pred]).sum(dtype=np.float32)) < p_min:
+            break
+        tokens.append(int(row[pred]))
+    return tokens
+
+
 class _RetryOnCpu(Exception):
     """The backend sampler gave no results: redo the block on the CPU path."""
-
-
-def _top1_prob(row: np.ndarray, top: int) -> float:
-    """Probability of the top token under a softmax over the top CANDIDATES logits."""
-    cand = row[np.argpartition(row, -CANDIDATES)[-CANDIDATES:]]
-    return float(1.0 / np.exp(cand - row[top]).sum())
 
 
 class ScriptedProposer:
