@@ -165,8 +165,13 @@ class DFlashProposer:
         self.stats.backend_sampling_active = False
         _report_fallback(reason)
 
-    def _candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-CANDIDATES (ids, logits) of block row i, from the backend sampler or the CPU."""
+    def _top_token(self, i: int, with_prob: bool) -> tuple[int, float]:
+        """Block row i's top candidate (ties: lowest id, identical on the backend and CPU paths) and,
+        if with_prob, its probability under a softmax over the top CANDIDATES logits (else 1.0).
+
+        Reads only what the decision needs: no candidate id array, no vocabulary-wide partition
+        unless the probability is asked for (issue 17: nothing on the hot path nobody reads).
+        """
         if self._chain is not None:
             ctx = self.ctx.ptr
             n_c = int(ll.llama_get_sampled_candidates_count_ith(ctx, i))
@@ -174,14 +179,19 @@ class DFlashProposer:
             lg_p = ll.llama_get_sampled_logits_ith(ctx, i)
             n_l = int(ll.llama_get_sampled_logits_count_ith(ctx, i)) if lg_p else 0
             if ids_p and lg_p and n_c > 0 and n_l == n_c:
-                ids = np.ctypeslib.as_array(ids_p, shape=(n_c,))
-                return ids, np.ctypeslib.as_array(lg_p, shape=(n_c,))
+                logits = float_view(lg_p, (n_c,))
+                top = logits.max()
+                best = np.flatnonzero(logits == top)
+                tok = int(ids_p[int(best[0])]) if best.size == 1 else min(int(ids_p[int(j)]) for j in best)
+                return tok, (float(1.0 / np.exp(logits - top).sum()) if with_prob else 1.0)
             self._backend_failed(f"no sampled candidates/logits for draft row {i} (count {n_c})")
             raise _RetryOnCpu()
         row = self._logits(i)
-        k = min(CANDIDATES, row.shape[0])
-        ids = np.argpartition(row, -k)[-k:]
-        return ids, row[ids]
+        tok = int(np.argmax(row))  # the first maximum: the lowest id among equal logits
+        if not with_prob:
+            return tok, 1.0
+        cand = row[np.argpartition(row, -CANDIDATES)[-CANDIDATES:]]
+        return tok, float(1.0 / np.exp(cand - row[tok]).sum())
 
     def _clamp_n_max(self, n_max: int) -> int:
         limit = self.info.max_draft_tokens
@@ -322,13 +332,12 @@ class DFlashProposer:
             if conf is None:
                 raise LlamaCallError("the DSpark draft produced no confidences (llama_get_embeddings_nextn)")
         tokens: list[int] = []
+        with_prob = not dspark and self.p_min > 0
         for i in range(first, n_block):
             if conf is not None and conf[i * self.n_embd] < self.p_min:
                 break
-            ids, logits = self._candidates(i)
-            top = float(logits.max())
-            tok = int(ids[logits == top].min())
-            if not dspark and self.p_min > 0 and float(1.0 / np.exp(logits - top).sum()) < self.p_min:
+            tok, prob = self._top_token(i, with_prob)
+            if prob < self.p_min:
                 break
             tokens.append(tok)
         return tokens
