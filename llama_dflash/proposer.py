@@ -4,10 +4,32 @@
 into its KV cache after every target decode, and one non-causal decode of `[last, MASK...]`
 yields a whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
 same motions) but replaces its tokens, to drive every accepted length in tests.
+
+BLOCK SEMANTICS (issue 12 item 2).  Attention inside the block is non-causal, so every slot's
+proposal depends on how many MASK slots follow it.  llama.cpp's driver always decodes the block at
+n_max (+1 for the anchor) and applies p_min, n_min and the cut to what fits afterwards; this
+proposer does the same: `block_tokens` is n_max (+1) whatever the caller asks for (under "auto",
+n_max is the draft's own block: the trained block size), shortened only where the context ends.
+The adaptive controller therefore chooses how many of one fixed block's tokens to verify: the
+per-slot acceptance it learns is that block's, and its draft cost is flat in k.
+Measured before choosing (bench/block_length.py: SmolLM2-135M Q4_1 + the shipped trained draft,
+block 8, 12 built-in prompts x 128 greedy tokens teacher-forced = 1437 positions, 1 thread):
+  - proposals do change with the block length: slot 1's token of a 2-row block differs from the
+    8-row block's at 22% of positions (5 rows: 4.5%, 7 rows: 0.6%);
+  - acceptance does not measurably change: slot 1 accepted at 0.154 / 0.159 / 0.159 / 0.157 /
+    0.158 / 0.157 / 0.157 for blocks of 2..8 rows (slot 2: 0.04-0.07 on ~230 trials, noise);
+  - cost, block decode / one ordinary decode (median, CPU under load): 2 rows 0.57, 3: 0.96,
+    4: 0.73, 5: 1.12, 6: 0.82, 7: 1.22, 8: 0.84 -- odd lengths are slower on this CPU, so the
+    full 8-row block is cheaper than the n+1 block for n = 2, 4, 6; only n = 1 and 3 would save
+    (and k = 1 never pays on this CPU: verifying 2 rows alone costs 1.5 ordinary decodes).
+So the shorter block bought nothing in acceptance and little in cost; llama.cpp's semantics win
+(same proposals as its driver for the same settings, and an acceptance model that describes the
+block decoded).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 import warnings
@@ -22,7 +44,7 @@ from .config import SpecConfig
 from .errors import IncompatibleModelError, LlamaCallError
 from .inspect import DraftInfo
 from .stats import SpecStats
-from .target import TargetContext, default_threads, embd_struct, float_view
+from .target import TargetContext, default_threads, float_view
 
 __all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "selector_walk"]
 
@@ -123,8 +145,10 @@ class DFlashProposer:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         self._chunk = n_ub
-        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject()
+        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject() (C-contiguous f32)
         self._pending_rows = 0
+        self._embd = ll.llama_embd(None, 1, 0)
+        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
 
     # ---- backend-side candidate sampling (top-k chain attached to the draft context) ------------
     def _attach_backend_sampler(self) -> None:
@@ -233,13 +257,19 @@ class DFlashProposer:
         t0 = time.perf_counter()
         b = self.inject_batch
         b.clear()
+        # one llama_embd struct whose data pointer is rewritten per row: building a ctypes pointer
+        # per row (ctypes.cast) cost more than the two llama.cpp calls that add the row
+        emb, data = self._embd, self._embd_data
         count, first = 0, None
         for features, pos0 in self._pending:
+            emb.n_embd = features.shape[1]
+            base, stride = features.ctypes.data, features.strides[0]
             for i in range(features.shape[0]):
                 if count == self._chunk:
                     self._process_injection(first)
                     count, first = 0, None
-                b.add_embd(embd_struct(features, i), pos0 + i)
+                data.value = base + i * stride
+                b.add_embd(emb, pos0 + i)
                 first = pos0 + i if first is None else first
                 count += 1
         if count:
