@@ -343,7 +343,12 @@ class DFlashProposer:
         """
         b = self.batch
         b.clear()
-        outputs = not self.info.is_dflash2  # DFlash2 reads the lattice rows, which exist for every token
+        # Every row stays an output, the anchor's too though DFlash never reads it (issue 17 item 3):
+        # llama.cpp's dflash graph runs the LM head on every block row whatever the output flags
+        # say (no out_ids selection) and copies the FIRST n_outputs rows out, so an anchor without
+        # output would shift every mask slot's logits by one row -- wrong tokens, nothing saved.
+        # DFlash2 reads its lattice (one row per token, unmasked) and asks for no logits at all.
+        outputs = not self.info.is_dflash2
         for i in range(n_block):
             b.add_token(id_last if i == 0 else self.mask, n_past + i, outputs)
         rc = b.process()

@@ -256,3 +256,27 @@ def test_block_shortened_only_where_the_context_ends(tiny_target, tiny_draft, mo
     assert res.tokens == ref[: len(res.tokens)] and res.finish_reason == "length"
     assert all(n_block == min(7, n_ctx - n_past) for n_past, n_block in blocks), blocks[-8:]
     assert any(n_block < 7 for _, n_block in blocks)
+
+
+def test_proposals_are_each_rows_argmax(tiny_config, attentive_draft):
+    """Slot i's token is the argmax of block row i (all rows decoded with outputs).  Guards the
+    anchor's output flag: llama.cpp's dflash graph copies the first n_outputs head rows, so a
+    block without the anchor's output reads every slot one row early (issue 17 item 3)."""
+    import numpy as np
+
+    from llama_dflash.generate import prefill
+
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(attentive_draft, draft_n_max=6, backend_sampling=False)) as eng:
+        p = eng._dflash
+        prompt = eng.tokenize(PROMPT_TEXT)
+        prefill(eng.target, prompt[:-1], p.inject)
+        n_past = len(prompt) - 1
+        for anchor in prompt[-4:]:
+            p.flush()
+            p.batch.clear()
+            for i in range(7):
+                p.batch.add_token(anchor if i == 0 else p.mask, n_past + i, True)
+            assert p.batch.process() == 0
+            expect = [int(np.argmax(p._logits(i))) for i in range(1, 7)]
+            p.ctx.seq_rm(0, n_past, -1)
+            assert p.propose(anchor, n_past, 6) == expect
