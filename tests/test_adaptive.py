@@ -280,3 +280,27 @@ def test_proposals_are_each_rows_argmax(tiny_config, attentive_draft):
             expect = [int(np.argmax(p._logits(i))) for i in range(1, 7)]
             p.ctx.seq_rm(0, n_past, -1)
             assert p.propose(anchor, n_past, 6) == expect
+
+
+@pytest.mark.slow
+def test_trained_smollm2_draft_short_proposals_are_prefixes():
+    """The same on the real pair: under "auto" a k-token proposal is the trained block's first k."""
+    from llama_dflash import TargetConfig
+    from llama_dflash.bench.cli import chat_wrap
+    from llama_dflash.defaults import smollm2_path, trained_draft_path
+    from llama_dflash.generate import prefill
+
+    draft = trained_draft_path()
+    if draft is None:
+        pytest.skip("the shipped trained draft is absent")
+    path = smollm2_path()
+    cfg = TargetConfig(path, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2)
+    with LlamaDFlashDecoding(cfg, SpecConfig(draft, draft_n_max="auto")) as eng:
+        p = eng._dflash
+        prompt = eng.tokenize(chat_wrap(path, "List five prime numbers."))
+        prefill(eng.target, prompt[:-1], p.inject)
+        n_past = len(prompt) - 1
+        full = p.propose(prompt[-1], n_past, p.n_max)
+        assert len(full) == eng.draft_info.block_size - 1
+        for k in range(1, p.n_max):
+            assert p.propose(prompt[-1], n_past, k) == full[:k]
