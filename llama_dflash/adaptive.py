@@ -1,8 +1,10 @@
-"""Adaptive draft length: choose, every step, the block size that maximises expected tokens/s.
+"""Adaptive draft length: choose, every step, the number of draft tokens that maximises tokens/s.
 
-Expected tokens from drafting k is `1 + sum_{j<=k} prod_{i<=j} p_i` (the target always adds one
-token), where p_i is the online conditional acceptance of slot i.  Its cost is the measured time
-of verifying k+1 rows plus drafting k.  k = 0 is ordinary decoding; while speculation does not
+The draft always decodes its whole block (see BLOCK SEMANTICS in `proposer`); k is how many of
+that block's tokens are verified.  Expected tokens from drafting k is
+`1 + sum_{j<=k} prod_{i<=j} p_i` (the target always adds one token), where p_i is the online
+conditional acceptance of slot i of that block.  Its cost is the measured time of verifying
+k+1 rows plus the draft step (the same block for every k > 0; measured per k all the same).  k = 0 is ordinary decoding; while speculation does not
 pay, the controller probes with a short draft now and then (less often after each failed probe)
 so it resumes when the text becomes predictable.
 

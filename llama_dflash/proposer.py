@@ -1,13 +1,35 @@
 """Draft proposers: turn (last token, position) into a block of draft tokens.
 
-`DFlashProposer` runs a DFlash/DSpark draft GGUF: target-layer features are injected into its
-KV cache after every target decode, and one non-causal decode of `[last, MASK...]` yields a
-whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
+`DFlashProposer` runs a DFlash/DSpark/DFlash2 draft GGUF: target-layer features are injected
+into its KV cache after every target decode, and one non-causal decode of `[last, MASK...]`
+yields a whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
 same motions) but replaces its tokens, to drive every accepted length in tests.
+
+BLOCK SEMANTICS (issue 12 item 2).  Attention inside the block is non-causal, so every slot's
+proposal depends on how many MASK slots follow it.  llama.cpp's driver always decodes the block at
+n_max (+1 for the anchor) and applies p_min, n_min and the cut to what fits afterwards; this
+proposer does the same: `block_tokens` is n_max (+1) whatever the caller asks for (under "auto",
+n_max is the draft's own block: the trained block size), shortened only where the context ends.
+The adaptive controller therefore chooses how many of one fixed block's tokens to verify: the
+per-slot acceptance it learns is that block's, and its draft cost is flat in k.
+Measured before choosing (bench/block_length.py: SmolLM2-135M Q4_1 + the shipped trained draft,
+block 8, 12 built-in prompts x 128 greedy tokens teacher-forced = 1437 positions, 1 thread):
+  - proposals do change with the block length: slot 1's token of a 2-row block differs from the
+    8-row block's at 22% of positions (5 rows: 4.5%, 7 rows: 0.6%);
+  - acceptance does not measurably change: slot 1 accepted at 0.154 / 0.159 / 0.159 / 0.157 /
+    0.158 / 0.157 / 0.157 for blocks of 2..8 rows (slot 2: 0.04-0.07 on ~230 trials, noise);
+  - cost, block decode / one ordinary decode (median, CPU under load): 2 rows 0.57, 3: 0.96,
+    4: 0.73, 5: 1.12, 6: 0.82, 7: 1.22, 8: 0.84 -- odd lengths are slower on this CPU, so the
+    full 8-row block is cheaper than the n+1 block for n = 2, 4, 6; only n = 1 and 3 would save
+    (and k = 1 never pays on this CPU: verifying 2 rows alone costs 1.5 ordinary decodes).
+So the shorter block bought nothing in acceptance and little in cost; llama.cpp's semantics win
+(same proposals as its driver for the same settings, and an acceptance model that describes the
+block decoded).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 import warnings
@@ -19,12 +41,12 @@ from llama_cpp import llama_cpp as ll
 from . import _bindings as ext
 from ._llama import BatchExt, Context, Model
 from .config import SpecConfig
-from .errors import LlamaCallError
+from .errors import IncompatibleModelError, LlamaCallError
 from .inspect import DraftInfo
 from .stats import SpecStats
-from .target import TargetContext, default_threads, embd_struct, float_view
+from .target import TargetContext, default_threads, float_view
 
-__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer"]
+__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "selector_walk"]
 
 CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
 
@@ -72,6 +94,14 @@ class DFlashProposer:
         self.p_min = spec.draft_p_min
         self.mask = info.mask_token_id
         self.anchor_first = info.anchor_first
+        self.selector_top_k = 0
+        if info.is_dflash2:
+            # llama.cpp has checked at load that n_embd holds top_k ids + top_k^2 scores per row
+            self.selector_top_k = int(ext.llama_model_dflash_selector_top_k(self.model.ptr))
+            if self.selector_top_k <= 0:
+                self.model.close()
+                raise IncompatibleModelError(info.path, "dflash.selector_top_k", self.selector_top_k,
+                                             "a positive integer (the draft has DFlash2 selector tensors)")
         if info.algorithm == "dspark" and self.p_min > 0 and not info.has_confidence_head:
             self.model.close()
             raise ValueError(
@@ -115,8 +145,10 @@ class DFlashProposer:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         self._chunk = n_ub
-        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject()
+        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject() (C-contiguous f32)
         self._pending_rows = 0
+        self._embd = ll.llama_embd(None, 1, 0)
+        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
 
     # ---- backend-side candidate sampling (top-k chain attached to the draft context) ------------
     def _attach_backend_sampler(self) -> None:
@@ -157,8 +189,13 @@ class DFlashProposer:
         self.stats.backend_sampling_active = False
         _report_fallback(reason)
 
-    def _candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-CANDIDATES (ids, logits) of block row i, from the backend sampler or the CPU."""
+    def _top_token(self, i: int, with_prob: bool) -> tuple[int, float]:
+        """Block row i's top candidate (ties: lowest id, identical on the backend and CPU paths) and,
+        if with_prob, its probability under a softmax over the top CANDIDATES logits (else 1.0).
+
+        Reads only what the decision needs: no candidate id array, no vocabulary-wide partition
+        unless the probability is asked for (issue 17: nothing on the hot path nobody reads).
+        """
         if self._chain is not None:
             ctx = self.ctx.ptr
             n_c = int(ll.llama_get_sampled_candidates_count_ith(ctx, i))
@@ -166,14 +203,19 @@ class DFlashProposer:
             lg_p = ll.llama_get_sampled_logits_ith(ctx, i)
             n_l = int(ll.llama_get_sampled_logits_count_ith(ctx, i)) if lg_p else 0
             if ids_p and lg_p and n_c > 0 and n_l == n_c:
-                ids = np.ctypeslib.as_array(ids_p, shape=(n_c,))
-                return ids, np.ctypeslib.as_array(lg_p, shape=(n_c,))
+                logits = float_view(lg_p, (n_c,))
+                top = logits.max()
+                best = np.flatnonzero(logits == top)
+                tok = int(ids_p[int(best[0])]) if best.size == 1 else min(int(ids_p[int(j)]) for j in best)
+                return tok, (float(1.0 / np.exp(logits - top).sum()) if with_prob else 1.0)
             self._backend_failed(f"no sampled candidates/logits for draft row {i} (count {n_c})")
             raise _RetryOnCpu()
         row = self._logits(i)
-        k = min(CANDIDATES, row.shape[0])
-        ids = np.argpartition(row, -k)[-k:]
-        return ids, row[ids]
+        tok = int(np.argmax(row))  # the first maximum: the lowest id among equal logits
+        if not with_prob:
+            return tok, 1.0
+        cand = row[np.argpartition(row, -CANDIDATES)[-CANDIDATES:]]
+        return tok, float(1.0 / np.exp(cand - row[tok]).sum())
 
     def _clamp_n_max(self, n_max: int) -> int:
         limit = self.info.max_draft_tokens
@@ -215,13 +257,19 @@ class DFlashProposer:
         t0 = time.perf_counter()
         b = self.inject_batch
         b.clear()
+        # one llama_embd struct whose data pointer is rewritten per row: building a ctypes pointer
+        # per row (ctypes.cast) cost more than the two llama.cpp calls that add the row
+        emb, data = self._embd, self._embd_data
         count, first = 0, None
         for features, pos0 in self._pending:
+            emb.n_embd = features.shape[1]
+            base, stride = features.ctypes.data, features.strides[0]
             for i in range(features.shape[0]):
                 if count == self._chunk:
                     self._process_injection(first)
                     count, first = 0, None
-                b.add_embd(embd_struct(features, i), pos0 + i)
+                data.value = base + i * stride
+                b.add_embd(emb, pos0 + i)
                 first = pos0 + i if first is None else first
                 count += 1
         if count:
@@ -238,17 +286,32 @@ class DFlashProposer:
             self._pending_rows = 0
             raise LlamaCallError(f"draft feature injection at position {pos} failed (rc {rc})")
 
+    def block_tokens(self, n_past: int) -> int:
+        """Rows of the block decoded at n_past: n_max (+1 for the anchor), as llama.cpp decodes it.
+
+        The block is shortened only when the context ends first (its cells must exist).  See
+        BLOCK SEMANTICS at the top of this module for why it is not shortened to the tokens asked for.
+        """
+        full = self.n_max + (0 if self.anchor_first else 1)
+        return max(0, min(full, self.info.block_size, self.target.n_ctx - n_past))
+
     def propose(self, id_last: int, n_past: int, n: int) -> list[int]:
-        """Draft up to n tokens following id_last (which sits at position n_past)."""
-        # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
-        # silently, so never let n_max (which callers may set) push the block past it
-        n = min(n, self.n_max, self.info.max_draft_tokens)
+        """Draft up to n tokens following id_last (which sits at position n_past).
+
+        The block is decoded at its full length (`block_tokens`) whatever n is; the filters and
+        n_min apply to the full block's tokens, then the result is cut to n (llama.cpp's order).
+        """
+        n = min(n, self.n_max)
         if n <= 0 or self.p_min >= 1.0:
             # p_min 1 drafts nothing, even where a confidence or probability saturates to 1.0
             return []
+        n_block = self.block_tokens(n_past)
+        if n_block < (1 if self.anchor_first else 2):
+            return []
         self.flush()
         t0 = time.perf_counter()
-        n_block = n if self.anchor_first else n + 1
+        # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
+        # silently (and DFlash2 lattice rows stop at block_size)
         assert n_block <= self.info.block_size
         tokens: list[int] = []
         try:
@@ -262,6 +325,7 @@ class DFlashProposer:
             self.ctx.seq_rm(0, n_past, -1)
         if len(tokens) < self.n_min:
             tokens = []
+        tokens = tokens[:n]
         self.stats.draft_seconds += time.perf_counter() - t0
         self.stats.draft_steps += 1
         self.stats.drafted += len(tokens)
@@ -274,15 +338,27 @@ class DFlashProposer:
         DSpark reads 0..n_block-1.  The draft token of a slot is its top candidate (ties: lowest
         id, identical on the backend and CPU paths).  Filters, as llama.cpp's driver: DSpark with
         p_min > 0 stops at the first slot whose confidence is below p_min; DFlash stops at the first
-        slot whose top-1 probability over the candidates is below p_min.
+        slot whose top-1 probability over the candidates is below p_min.  DFlash2 decodes without
+        logits and walks its selector lattice (`selector_walk`).
         """
         b = self.batch
         b.clear()
+        # Every row stays an output, the anchor's too though DFlash never reads it (issue 17 item 3):
+        # llama.cpp's dflash graph runs the LM head on every block row whatever the output flags
+        # say (no out_ids selection) and copies the FIRST n_outputs rows out, so an anchor without
+        # output would shift every mask slot's logits by one row -- wrong tokens, nothing saved.
+        # DFlash2 reads its lattice (one row per token, unmasked) and asks for no logits at all.
+        outputs = not self.info.is_dflash2
         for i in range(n_block):
-            b.add_token(id_last if i == 0 else self.mask, n_past + i, True)
+            b.add_token(id_last if i == 0 else self.mask, n_past + i, outputs)
         rc = b.process()
         if rc != 0:
             raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
+        if self.info.is_dflash2:
+            lattice = ext.llama_get_embeddings_nextn(self.ctx.ptr)
+            if not lattice:
+                raise LlamaCallError("the DFlash2 draft produced no selector lattice (llama_get_embeddings_nextn)")
+            return selector_walk(float_view(lattice, (n_block, self.n_embd)), self.selector_top_k, self.p_min)
         first = 0 if self.anchor_first else 1
         conf = None
         dspark = self.info.algorithm == "dspark"
@@ -291,13 +367,12 @@ class DFlashProposer:
             if conf is None:
                 raise LlamaCallError("the DSpark draft produced no confidences (llama_get_embeddings_nextn)")
         tokens: list[int] = []
+        with_prob = not dspark and self.p_min > 0
         for i in range(first, n_block):
             if conf is not None and conf[i * self.n_embd] < self.p_min:
                 break
-            ids, logits = self._candidates(i)
-            top = float(logits.max())
-            tok = int(ids[logits == top].min())
-            if not dspark and self.p_min > 0 and float(1.0 / np.exp(logits - top).sum()) < self.p_min:
+            tok, prob = self._top_token(i, with_prob)
+            if prob < self.p_min:
                 break
             tokens.append(tok)
         return tokens
@@ -325,14 +400,31 @@ class DFlashProposer:
         return float_view(ptr, (self.n_vocab,))
 
 
+def selector_walk(lattice: np.ndarray, top_k: int, p_min: float = 0.0) -> list[int]:
+    """The DFlash2 draft tokens of one block: a greedy walk over its selector lattice.
+
+    `lattice` has one row per block slot (slot 0, the anchor, is not read).  Row i starts with the
+    ids of slot i's top_k candidates (as floats), then top_k x top_k scores, predecessor-major:
+    entry [p][j] scores candidate j of slot i after candidate p of slot i-1 (slot 1's predecessor
+    is the anchor, so its rows are all alike).  Each slot takes the best successor of the previous
+    slot's choice (first maximum on ties); with p_min > 0 the walk stops at the first slot whose
+    choice has a softmax over those top_k scores below p_min.  llama.cpp's driver walks the same
+    lattice the same way (common/speculative.cpp).
+    """
+    tokens: list[int] = []
+    pred = 0
+    for i in range(1, lattice.shape[0]):
+        row = lattice[i]
+        scores = row[top_k + pred * top_k : top_k + (pred + 1) * top_k]
+        pred = int(np.argmax(scores))
+        if p_min > 0.0 and 1.0 / float(np.exp(scores - scores[pred]).sum(dtype=np.float32)) < p_min:
+            break
+        tokens.append(int(row[pred]))
+    return tokens
+
+
 class _RetryOnCpu(Exception):
     """The backend sampler gave no results: redo the block on the CPU path."""
-
-
-def _top1_prob(row: np.ndarray, top: int) -> float:
-    """Probability of the top token under a softmax over the top CANDIDATES logits."""
-    cand = row[np.argpartition(row, -CANDIDATES)[-CANDIDATES:]]
-    return float(1.0 / np.exp(cand - row[top]).sum())
 
 
 class ScriptedProposer:

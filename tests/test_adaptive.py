@@ -158,3 +158,149 @@ def test_set_draft_n_max_switches_modes(tiny_config, tiny_draft):
         assert eng.set_draft_n_max(5) == 5 and eng.controller is None
         with pytest.raises(ValueError):
             eng.set_draft_n_max(0)
+
+
+# ---- block semantics (issue 12 item 2): the block is decoded at n_max (+1), then cut ----------
+
+def _block_spy(p, monkeypatch):
+    blocks: list[int] = []
+    real = type(p)._draft_block
+
+    def spy(self, id_last, n_past, n_block):
+        blocks.append(n_block)
+        return real(self, id_last, n_past, n_block)
+
+    monkeypatch.setattr(type(p), "_draft_block", spy)
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def attentive_draft(tiny_dir, tiny_target):
+    """A random draft with weights large enough that the mask slots' attention moves the argmax
+    (the default fixtures' slots barely see each other: their proposals ignore the block length)."""
+    from llama_dflash.inspect import read_gguf
+    from llama_dflash.writer import DraftShape, evenly_spread_layers, random_draft_weights, write_draft
+
+    target = read_gguf(tiny_target)
+    shape = DraftShape(n_embd=target.n_embd, n_head=4, n_head_kv=2, block_size=16,
+                       target_layers=evenly_spread_layers(target.n_layer))
+    weights = random_draft_weights(shape, target.n_vocab, seed=4, scale=0.2)
+    return write_draft(str(tiny_dir / "attentive.gguf"), shape, weights, tokenizer_from=tiny_target, mask_token_id=3)
+
+
+def test_short_proposals_are_the_full_blocks_prefix(tiny_config, attentive_draft):
+    """Asking for fewer tokens cuts the full block's proposal, as llama.cpp does; it does not decode
+    a shorter block (whose non-causal attention would propose other tokens)."""
+    from llama_dflash.generate import prefill
+
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(attentive_draft, draft_n_max=6)) as eng:
+        p = eng._dflash
+        prompt = eng.tokenize(PROMPT_TEXT)
+        prefill(eng.target, prompt[:-1], p.inject)
+        n_past = len(prompt) - 1
+        for anchor in prompt[-6:]:
+            full = p.propose(anchor, n_past, 6)
+            assert len(full) == 6
+            for n in range(1, 6):
+                assert p.propose(anchor, n_past, n) == full[:n]
+            assert p.pos_max() == n_past - 1
+        # the fixture is one where the block length matters: a 3-row block proposes other tokens
+        differs = False
+        for anchor in prompt[-6:]:
+            shorter = p._draft_block(anchor, n_past, 3)
+            p.ctx.seq_rm(0, n_past, -1)
+            differs |= shorter != p.propose(anchor, n_past, 2)
+        assert differs
+
+
+def test_fixed_n_max_always_decodes_n_max_plus_one(tiny_config, tiny_draft, monkeypatch):
+    with OrdinaryDecoding(tiny_config) as o:
+        prompt = o.tokenize(PROMPT_TEXT)
+        ref = o.generate(prompt, 23, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=4)) as eng:
+        blocks = _block_spy(eng._dflash, monkeypatch)
+        res = eng.generate(prompt, 23, ignore_eos=True)  # max_tokens cuts the last drafts short
+    assert res.tokens == ref
+    assert blocks and set(blocks) == {5}
+
+
+def test_auto_decodes_the_trained_block(tiny_config, tiny_draft, monkeypatch):
+    """Under "auto" the controller chooses how many tokens to verify; the block is the draft's own."""
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max="auto")) as eng:
+        eng.controller.costs = GPU  # drafting pays: short and long k both get chosen
+        blocks = _block_spy(eng._dflash, monkeypatch)
+        prompt = eng.tokenize(PROMPT_TEXT)
+        res = eng.generate(prompt, 60, ignore_eos=True)
+    assert len(res.stats.chosen_draft_tokens) > 1
+    assert blocks and set(blocks) == {eng.draft_info.block_size}
+
+
+def test_block_shortened_only_where_the_context_ends(tiny_target, tiny_draft, monkeypatch):
+    from llama_dflash import TargetConfig
+
+    cfg = TargetConfig(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with OrdinaryDecoding(cfg) as o:
+        prompt = o.tokenize(PROMPT_TEXT)
+        ref = o.generate(prompt, 400, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(cfg, SpecConfig(tiny_draft, draft_n_max=6)) as eng:
+        n_ctx = eng.target.n_ctx
+        blocks = []
+        real = type(eng._dflash)._draft_block
+
+        def spy(self, id_last, n_past, n_block):
+            blocks.append((n_past, n_block))
+            return real(self, id_last, n_past, n_block)
+
+        monkeypatch.setattr(type(eng._dflash), "_draft_block", spy)
+        res = eng.generate(prompt, 400, ignore_eos=True)
+    assert res.tokens == ref[: len(res.tokens)] and res.finish_reason == "length"
+    assert all(n_block == min(7, n_ctx - n_past) for n_past, n_block in blocks), blocks[-8:]
+    assert any(n_block < 7 for _, n_block in blocks)
+
+
+def test_proposals_are_each_rows_argmax(tiny_config, attentive_draft):
+    """Slot i's token is the argmax of block row i (all rows decoded with outputs).  Guards the
+    anchor's output flag: llama.cpp's dflash graph copies the first n_outputs head rows, so a
+    block without the anchor's output reads every slot one row early (issue 17 item 3)."""
+    import numpy as np
+
+    from llama_dflash.generate import prefill
+
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(attentive_draft, draft_n_max=6, backend_sampling=False)) as eng:
+        p = eng._dflash
+        prompt = eng.tokenize(PROMPT_TEXT)
+        prefill(eng.target, prompt[:-1], p.inject)
+        n_past = len(prompt) - 1
+        for anchor in prompt[-4:]:
+            p.flush()
+            p.batch.clear()
+            for i in range(7):
+                p.batch.add_token(anchor if i == 0 else p.mask, n_past + i, True)
+            assert p.batch.process() == 0
+            expect = [int(np.argmax(p._logits(i))) for i in range(1, 7)]
+            p.ctx.seq_rm(0, n_past, -1)
+            assert p.propose(anchor, n_past, 6) == expect
+
+
+@pytest.mark.slow
+def test_trained_smollm2_draft_short_proposals_are_prefixes():
+    """The same on the real pair: under "auto" a k-token proposal is the trained block's first k."""
+    from llama_dflash import TargetConfig
+    from llama_dflash.bench.cli import chat_wrap
+    from llama_dflash.defaults import smollm2_path, trained_draft_path
+    from llama_dflash.generate import prefill
+
+    draft = trained_draft_path()
+    if draft is None:
+        pytest.skip("the shipped trained draft is absent")
+    path = smollm2_path()
+    cfg = TargetConfig(path, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2)
+    with LlamaDFlashDecoding(cfg, SpecConfig(draft, draft_n_max="auto")) as eng:
+        p = eng._dflash
+        prompt = eng.tokenize(chat_wrap(path, "List five prime numbers."))
+        prefill(eng.target, prompt[:-1], p.inject)
+        n_past = len(prompt) - 1
+        full = p.propose(prompt[-1], n_past, p.n_max)
+        assert len(full) == eng.draft_info.block_size - 1
+        for k in range(1, p.n_max):
+            assert p.propose(prompt[-1], n_past, k) == full[:k]

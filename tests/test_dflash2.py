@@ -1,0 +1,200 @@
+"""DFlash2 drafts: no logits, a selector lattice walked on the CPU, as llama.cpp's driver does.
+
+The lattice is recomputed here in numpy from the block's own logits and hidden states and the
+selector tensors of the file, then walked by an independent loop; the proposer must agree.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from llama_cpp import llama_cpp as ll
+
+from dflash2_fixture import write_dflash2_draft
+from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
+from llama_dflash import _bindings as ext
+from llama_dflash.generate import prefill
+from llama_dflash.inspect import read_gguf, validate_pair
+from llama_dflash.proposer import selector_walk
+from spec_common import N_TOKENS, check_every_accepted_length, ordinary_reference
+
+BLOCK = 8
+TOP_K = 4
+
+
+@pytest.fixture(scope="module")
+def dflash2_draft(tiny_dir, tiny_target):
+    return write_dflash2_draft(str(tiny_dir / "dflash2.gguf"), tiny_target, block_size=BLOCK, top_k=TOP_K, seed=21)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    return ordinary_reference(TargetConfig(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1))
+
+
+def _engine(config, draft, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "backend draft sampling unavailable" for DFlash2
+        return LlamaDFlashDecoding(config, SpecConfig(draft, **kw))
+
+
+def _prefilled(eng, prompt):
+    eng.target.clear()
+    eng._dflash.clear()
+    prefill(eng.target, prompt[:-1], eng._dflash.inject)
+    eng._dflash.flush()
+    return int(prompt[-1]), len(prompt) - 1
+
+
+def _tensors(path):
+    from gguf import GGUFReader
+
+    return {t.name: np.array(t.data) for t in GGUFReader(path, "r").tensors}
+
+
+def _raw_block(p, id_last, n_past, n_block):
+    """Decode a block with logits and hidden states on every row; (logits, hidden, lattice), cache clean."""
+    ll.llama_set_embeddings(p.ctx.ptr, True)
+    p.batch.clear()
+    for i in range(n_block):
+        p.batch.add_token(id_last if i == 0 else p.mask, n_past + i, True)
+    try:
+        assert p.batch.process() == 0
+        logits = np.stack([np.array(p._logits(i)) for i in range(n_block)])
+        hidden = np.stack([np.ctypeslib.as_array(ll.llama_get_embeddings_ith(p.ctx.ptr, i), shape=(p.n_embd,)).copy()
+                           for i in range(n_block)])
+        lat = ext.llama_get_embeddings_nextn(p.ctx.ptr)
+        lattice = np.ctypeslib.as_array(lat, shape=(n_block, p.n_embd)).copy()
+    finally:
+        ll.llama_set_embeddings(p.ctx.ptr, False)
+        p.ctx.seq_rm(0, n_past, -1)
+    return logits, hidden, lattice
+
+
+def _reference_lattice(t, logits, hidden, id_last, cand):
+    """scores[i][p, j] = succ[cand_i[j]] . (prev[pred_p] * gate_i) + logit_i[cand_i[j]], gate_i = H @ h_i;
+    predecessors: the anchor for slot 1, slot i-1's candidates after that."""
+    prev, succ, gate_w = t["selector_predecessor.weight"], t["selector_successor.weight"], t["selector_hidden.weight"]
+    scores = {}
+    for i in range(1, len(logits)):
+        gate = gate_w @ hidden[i]
+        preds = [id_last] * TOP_K if i == 1 else [int(c) for c in cand[i - 1]]
+        s = np.empty((TOP_K, TOP_K), dtype=np.float64)
+        for pi, pred in enumerate(preds):
+            s[pi] = succ[cand[i]] @ (prev[pred] * gate) + logits[i][cand[i]]
+        scores[i] = s
+    return scores
+
+
+def _reference_walk(scores, cand, p_min=0.0):
+    """The walk written out plainly: (tokens, probability of each choice)."""
+    tokens, probs, pred = [], [], 0
+    for i in sorted(scores):
+        row = scores[i][pred]
+        best = int(np.argmax(row))
+        prob = float(1.0 / np.exp(row - row[best]).sum())
+        if p_min > 0 and prob < p_min:
+            break
+        tokens.append(int(cand[i][best]))
+        probs.append(prob)
+        pred = best
+    return tokens, probs
+
+
+def test_fixture_is_detected_as_dflash2(dflash2_draft, tiny_target, tiny_config):
+    info = validate_pair(read_gguf(tiny_target), read_gguf(dflash2_draft))
+    assert info.is_dflash2 and info.algorithm == "dflash"
+    names = set(_tensors(dflash2_draft))
+    assert {"selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight",
+            "blk.0.attn_conv_base", "blk.0.attn_conv_proj.weight",
+            "blk.0.ffn_conv_base", "blk.0.ffn_conv_proj.weight"} <= names
+    with _engine(tiny_config, dflash2_draft) as eng:
+        p = eng._dflash
+        assert p.selector_top_k == TOP_K
+        assert not p.backend_sampling_active and "lattice" in p.backend_sampling_reason
+
+
+def test_lattice_and_walk_match_numpy(tiny_config, dflash2_draft, reference):
+    """The lattice llama.cpp packs equals the numpy recomputation, and propose() walks it like the
+    plain reference loop; the walk is not the per-slot argmax of the logits (the selector matters)."""
+    prompt, _ = reference
+    t = _tensors(dflash2_draft)
+    with _engine(tiny_config, dflash2_draft, draft_n_max=BLOCK - 1) as eng:
+        p = eng._dflash
+        id_last, n_past = _prefilled(eng, prompt)
+        walks, argmaxes = [], []
+        for step in range(4):  # a few anchors: the prompt's last token and some others
+            anchor = id_last if step == 0 else int(prompt[step])
+            logits, hidden, lattice = _raw_block(p, anchor, n_past, BLOCK)
+            cand = {}
+            for i in range(1, BLOCK):
+                ids = lattice[i, :TOP_K]
+                assert np.all(ids == np.round(ids))
+                cand[i] = ids.astype(np.int64)
+                top = np.sort(logits[i])[::-1][:TOP_K]
+                np.testing.assert_allclose(np.sort(logits[i][cand[i]])[::-1], top, rtol=1e-6)
+            scores = _reference_lattice(t, logits, hidden, anchor, cand)
+            for i in range(1, BLOCK):
+                got = lattice[i, TOP_K : TOP_K + TOP_K * TOP_K].reshape(TOP_K, TOP_K)
+                np.testing.assert_allclose(got, scores[i], rtol=1e-4, atol=1e-4)
+            expect, _ = _reference_walk(scores, cand)
+            assert selector_walk(lattice, TOP_K) == expect
+            assert p.propose(anchor, n_past, BLOCK - 1) == expect
+            assert p.pos_max() == n_past - 1
+            walks.append(expect)
+            argmaxes.append([int(np.argmax(logits[i])) for i in range(1, BLOCK)])
+        assert any(w != a for w, a in zip(walks, argmaxes))
+
+
+def test_p_min_cuts_on_selector_probabilities(tiny_config, dflash2_draft, reference):
+    prompt, _ = reference
+    t = _tensors(dflash2_draft)
+    with _engine(tiny_config, dflash2_draft, draft_n_max=BLOCK - 1) as eng:
+        p = eng._dflash
+        id_last, n_past = _prefilled(eng, prompt)
+        logits, hidden, lattice = _raw_block(p, id_last, n_past, BLOCK)
+        cand = {i: lattice[i, :TOP_K].astype(np.int64) for i in range(1, BLOCK)}
+        scores = _reference_lattice(t, logits, hidden, id_last, cand)
+        full, probs = _reference_walk(scores, cand)
+        cuts = set()
+        for p_min in sorted({pr + 1e-4 for pr in probs if pr + 1e-4 < 1} | {min(probs) / 2}):
+            expect, _ = _reference_walk(scores, cand, p_min)
+            p.p_min = p_min
+            assert p.propose(id_last, n_past, BLOCK - 1) == expect, p_min
+            cuts.add(len(expect))
+        assert len(cuts) >= 3  # the fixture cuts at several slots
+
+
+@pytest.mark.parametrize("n_draft", [1, 3, 7])
+def test_greedy_output_matches_ordinary(tiny_config, dflash2_draft, reference, n_draft):
+    prompt, ref = reference
+    with _engine(tiny_config, dflash2_draft, draft_n_max=n_draft) as eng:
+        res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
+        assert res.tokens == ref
+        assert res.stats.drafted > 0 and res.stats.draft_steps > 0
+        assert eng.target.pos_max() == eng._dflash.pos_max()
+    with _engine(tiny_config, dflash2_draft, draft_n_max="auto") as eng:
+        assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
+
+
+def test_every_accepted_length(tiny_config, dflash2_draft, reference):
+    prompt, ref = reference
+    with _engine(tiny_config, dflash2_draft, draft_n_max=5) as eng:
+        s = check_every_accepted_length(eng, prompt, ref, 5).stats
+        assert s.rollbacks > 0
+
+
+def test_walk_reads_from_slot_one_and_stops_at_the_block():
+    """A hand-made lattice: slot 0 is never read, the predecessor index carries over."""
+    k, e = 2, 8
+    lat = np.zeros((3, e), dtype=np.float32)
+    lat[0, :2] = [99, 98]
+    lat[1, :2] = [10, 11]
+    lat[1, 2:6] = [0.0, 1.0, 0.0, 1.0]  # after the anchor: candidate 1 (id 11)
+    lat[2, :2] = [20, 21]
+    lat[2, 2:6] = [5.0, 0.0, 0.0, 3.0]  # after candidate 1: row [0, 3] -> candidate 1 (id 21)
+    assert selector_walk(lat, k) == [11, 21]
+    assert selector_walk(lat, k, p_min=0.8) == []  # slot 1: softmax(0, 1) at 1 is 0.73
+    assert selector_walk(lat, k, p_min=0.7) == [11, 21]
