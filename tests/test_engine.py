@@ -184,18 +184,20 @@ def test_close_twice_and_use_after_close(tiny_config, tiny_draft):
 
 
 def test_stops_on_eog_unless_ignored(tiny_config, tiny_draft, reference):
+    """ignore_eos masks end-of-generation tokens (llama.cpp's meaning): the masked run equals
+    the plain run up to where the plain run samples an EOG and stops."""
     prompt, ref = reference
-    eos = 2
-    # make the scripted draft irrelevant: check that a real EOG in the output ends generation
     with OrdinaryDecoding(tiny_config) as o:
+        eog = set(o.target.model.eog_tokens())
         long = o.generate(prompt, 200, ignore_eos=True).tokens
-        stopped = o.generate(prompt, 200).tokens
-    if eos in long:
-        assert stopped == long[: long.index(eos)]
-    else:
-        assert stopped == long
+        plain = o.generate(prompt, 200)
+    assert len(long) == 200 and not eog & set(long)
+    stopped = plain.tokens
+    assert long[: len(stopped)] == stopped
+    assert plain.finish_reason == ("stop" if len(stopped) < 200 else "length")
     with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=3)) as eng:
         assert eng.generate(prompt, 200).tokens == stopped
+        assert eng.generate(prompt, 200, ignore_eos=True).tokens == long
 
 
 @pytest.mark.parametrize("close", [True, False])
