@@ -38,3 +38,24 @@ def test_two_gloo_processes_train_one_model(cycle_target, tmp_path):
     assert a == b  # the same weights on both ranks
     assert tr["loss_end"] < 0.5 * tr["loss_start"]
     assert out.is_file()
+
+
+def test_device_choice(tiny_target, tmp_path):
+    import torch
+
+    from llama_dflash.train.device import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    if torch.cuda.is_available():
+        assert resolve_device("auto").type == "cuda"
+    elif not torch.backends.mps.is_available():
+        assert resolve_device("auto").type == "cpu"
+    with pytest.raises(ValueError, match="--device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            resolve_device("cuda")
+        r = subprocess.run([sys.executable, "-m", "llama_dflash.cli", "train", "--model", tiny_target, "--output",
+                            str(tmp_path / "o.gguf"), "--device", "cuda", "--no-progress"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "CUDA" in r.stderr and "Traceback" not in r.stderr
