@@ -148,3 +148,24 @@ def test_export_refuses_bad_input(tiny_target, full_draft, tmp_path):
     r = _export(full_draft, str(tmp_path / "o.gguf"), "--model", tiny_target, "--quantize", "q5_k")
     assert r.returncode == 2
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_train_writes_reduced_quantized_draft(cycle_target, tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    prompts = tmp_path / "p.txt"
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    prompts.write_text("\n".join(" ".join(letters[(i + k) % 26] for k in range(3)) for i in range(26)) + "\n")
+    out = tmp_path / "draft.gguf"
+    r = subprocess.run([sys.executable, "-m", "llama_dflash.cli", "train", "--model", cycle_target, "--output", str(out),
+                        "--prompts", str(prompts), "--n-prompts", "24", "--eval-prompts", "2", "--max-new-tokens", "40",
+                        "--block-size", "4", "--steps", "200", "--batch-size", "4", "--anchors-per-seq", "8",
+                        "--lr", "1e-2", "--threads", "1", "--workdir", str(tmp_path / "w"), "--no-progress",
+                        "--reduce-vocab", "40", "--quantize", "q8_0"], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["reduced_vocab"] == 40 and rep["weight_type"] == "q8_0"
+    t = _tensors(str(out))
+    assert len(t["d2t"].data) == 40 and t["output.weight"].tensor_type == Q.Q8_0
+    assert rep["parity"]["agreement"] >= 0.99
+    assert min(rep["eval"]["acceptance_per_position"]) >= 0.7, rep["eval"]
