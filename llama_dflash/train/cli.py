@@ -56,6 +56,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce-vocab", type=int, metavar="N",
                    help="export an own LM head over the N target tokens most frequent in the data (d2t)")
     p.add_argument("--quantize", choices=WEIGHT_TYPES, default="f32", help="weight type of the exported draft")
+    p.add_argument("--hf-output", metavar="DIR", help="also write the draft in the Hugging Face layout "
+                                                       "(config.json + model.safetensors) for vLLM/SGLang")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where PyTorch trains: auto picks CUDA, then Apple MPS, then the CPU")
     p.add_argument("--n-gpu-layers", type=int, default=-1,
@@ -208,8 +210,13 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
         say(f"reduced vocabulary: {len(vocab)} tokens cover {coverage(counts, vocab):.4f} of the answer tokens")
     export_draft(model, args.output, target_path=model_path, mask_token_id=mask_id,
                  name=f"{args.algorithm}-{os.path.splitext(info.basename)[0]}", vocab=vocab, weight_type=args.quantize)
+    if args.hf_output:
+        from .hf_export import export_hf
+
+        export_hf(args.output, args.hf_output)
     report = {"output": args.output, "target": info.basename, "algorithm": args.algorithm,
               "reduced_vocab": None if vocab is None else len(vocab), "weight_type": args.quantize,
+              "hf_output": args.hf_output,
               "target_layers": layers, "block_size": args.block_size,
               "draft_layers": args.draft_layers, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
               "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,

@@ -19,7 +19,9 @@ __all__ = ["configure", "run", "default_weight_type"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="draft GGUF to read")
-    p.add_argument("output", help="draft GGUF to write")
+    p.add_argument("output", nargs="?", help="draft GGUF to write (optional with --hf-output)")
+    p.add_argument("--hf-output", metavar="DIR", help="also write the draft in the Hugging Face layout of the "
+                                                       "z-lab DFlash/DSpark checkpoints (config.json + model.safetensors)")
     p.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--reduce-vocab", type=int, metavar="N",
                    help="keep an own LM head over the N target tokens the target emits most (writes d2t)")
@@ -53,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.input, model_path):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model not found: {path}")
-    if os.path.isdir(args.output):
+    if not args.output and not args.hf_output:
+        raise ValueError("give an output GGUF, --hf-output DIR, or both")
+    if not args.output and (args.reduce_vocab is not None or args.quantize):
+        raise ValueError("--reduce-vocab and --quantize need an output GGUF")
+    if args.hf_output and os.path.isfile(args.hf_output):
+        raise ValueError(f"--hf-output {args.hf_output} is a file, not a directory")
+    if args.output and os.path.isdir(args.output):
         raise ValueError(f"output {args.output} is a directory")
-    if os.path.abspath(args.output) == os.path.abspath(args.input):
+    if args.output and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("the output must be another file than the input")
     target = read_gguf(model_path)
     draft = read_draft(args.input)
@@ -66,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--vocab-prompts must be >= 0, not {args.vocab_prompts}")
     if args.vocab_max_new_tokens < 1:
         raise ValueError(f"--vocab-max-new-tokens must be >= 1, not {args.vocab_max_new_tokens}")
+    if not args.output:
+        from .hf_export import export_hf
+
+        export_hf(args.input, args.hf_output)
+        print(json.dumps({"input": args.input, "hf_output": args.hf_output}, indent=1))
+        return 0
     weight_type = args.quantize or default_weight_type(args.input)
 
     from .draftfile import read_draft_tensors, reduce_head, rewrite_draft
@@ -90,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
     rewrite_draft(args.input, args.output, tensors, weight_type=weight_type)
     validate_pair(target, read_draft(args.output))
     report["bytes"] = os.path.getsize(args.output)
+    if args.hf_output:
+        from .hf_export import export_hf
+
+        export_hf(args.output, args.hf_output)
+        report["hf_output"] = args.hf_output
     print(json.dumps(report, indent=1))
     return 0
 

@@ -169,3 +169,43 @@ def test_train_writes_reduced_quantized_draft(cycle_target, tmp_path):
     assert len(t["d2t"].data) == 40 and t["output.weight"].tensor_type == Q.Q8_0
     assert rep["parity"]["agreement"] >= 0.99
     assert min(rep["eval"]["acceptance_per_position"]) >= 0.7, rep["eval"]
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark_d2t"])
+def test_hf_export_layout(tiny_target, tmp_path, kind):
+    """config.json + model.safetensors in the z-lab layout: every tensor there, values unchanged,
+    target_layer_ids = GGUF target_layers - 1, d2t as offsets."""
+    from llama_dflash.inspect import read_gguf
+    from llama_dflash.train.draftfile import read_draft_tensors
+    from llama_dflash.train.hf_export import hf_tensor_name, read_safetensors
+
+    kw = dict(markov_rank=8, confidence_head=True, draft_vocab=48) if kind == "dspark_d2t" else {}
+    draft = write_random_draft(str(tmp_path / "d.gguf"), tiny_target, block_size=8, seed=7, n_layer=2, **kw)
+    out = tmp_path / "hf"
+    r = _export(draft, "--model", tiny_target, "--hf-output", str(out))
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    info = read_gguf(draft)
+    assert cfg["architectures"] == ["DSparkDraftModel" if kw else "DFlashDraftModel"]
+    assert cfg["dflash_config"]["target_layer_ids"] == [x - 1 for x in info.get("dflash.target_layers")]
+    assert cfg["dflash_config"]["mask_token_id"] == info.get("tokenizer.ggml.mask_token_id")
+    assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == 64 and cfg["block_size"] == 8
+    st = read_safetensors(str(out / "model.safetensors"))
+    src = read_draft_tensors(draft)
+    assert set(st) == {hf_tensor_name(k) for k in src}
+    assert "model.layers.1.mlp.down_proj.weight" in st and "model.fc.weight" in st
+    for k, arr in src.items():
+        got = st[hf_tensor_name(k)]
+        if k == "d2t":
+            assert cfg["draft_vocab_size"] == 48
+            assert (got + np.arange(48) == arr).all()
+        else:
+            assert got.shape == arr.shape and np.array_equal(got, arr)
+    if kw:
+        assert cfg["markov_rank"] == 8 and cfg["sample_from_anchor"] is True
+        assert st["model.markov_head.markov_w1.weight"].shape == (316, 8)
+
+
+def test_hf_export_needs_an_output(tiny_target, full_draft):
+    r = _export(full_draft, "--model", tiny_target)
+    assert r.returncode == 2 and "--hf-output" in r.stderr
