@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.reduce_vocab is not None and not 0 < args.reduce_vocab <= info.n_vocab:
         raise ValueError(f"--reduce-vocab must be in 1..{info.n_vocab}, not {args.reduce_vocab}")
     _check_output(args.output)
+    if args.hf_output and os.path.isfile(args.hf_output):
+        raise ValueError(f"--hf-output {args.hf_output} is a file, not a directory")
     _positive("--block-size", args.block_size, 2)
     if args.block_size > 64:
         raise ValueError(f"--block-size must be <= 64, not {args.block_size}")
