@@ -20,8 +20,14 @@ __all__ = [
     "write_tiny_target",
     "add_tiny_tokenizer",
     "copy_tokenizer_fields",
+    "copy_fields",
     "evenly_spread_layers",
+    "WEIGHT_TYPES",
+    "tensor_payload",
 ]
+
+#: weight types a draft can be written in (`--quantize`); all have CPU matmul kernels in ggml
+WEIGHT_TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 
 @dataclass
@@ -115,14 +121,15 @@ def random_draft_weights(
     return w
 
 
-def copy_tokenizer_fields(writer, source_path: str, *, skip: Sequence[str] = ()) -> int:
-    """Copy every `tokenizer.*` key of a GGUF file, with its exact type; returns the vocab size."""
+def copy_fields(writer, source_path: str, include) -> int:
+    """Copy every key of a GGUF file for which `include(name)` is true, with its exact type;
+    returns the vocab size (length of `tokenizer.ggml.tokens`, 0 if absent or not copied)."""
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(source_path, "r")
     n_vocab = 0
     for name, fld in reader.fields.items():
-        if not name.startswith("tokenizer.") or name in skip:
+        if name.startswith("GGUF.") or not include(name):
             continue
         types = list(fld.types)
         if types[0] == GGUFValueType.ARRAY:
@@ -142,6 +149,34 @@ def copy_tokenizer_fields(writer, source_path: str, *, skip: Sequence[str] = ())
     return n_vocab
 
 
+def copy_tokenizer_fields(writer, source_path: str, *, skip: Sequence[str] = ()) -> int:
+    """Copy every `tokenizer.*` key of a GGUF file, with its exact type; returns the vocab size."""
+    return copy_fields(writer, source_path, lambda name: name.startswith("tokenizer.") and name not in skip)
+
+
+def tensor_payload(arr: np.ndarray, weight_type: str = "f32"):
+    """(data, raw_dtype) to hand to GGUFWriter.add_tensor for a draft tensor in `weight_type`.
+
+    Only matrices are converted (norm vectors, biases and `d2t` keep their type); a matrix whose
+    rows are not a multiple of the 32-value quantization block falls back to f16, and tiny
+    matrices (the confidence projection) stay f32.
+    """
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    if weight_type not in WEIGHT_TYPES:
+        raise ValueError(f"weight type must be one of {', '.join(WEIGHT_TYPES)}, not {weight_type!r}")
+    if arr.dtype == np.int64:
+        return np.ascontiguousarray(arr), None
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if weight_type == "f32" or arr.ndim != 2 or arr.shape[0] < 2:
+        return arr, None
+    if weight_type == "f16" or arr.shape[1] % 32:
+        return arr.astype(np.float16), None
+    qtype = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[weight_type]
+    return quantize(arr, qtype), qtype
+
+
 def write_draft(
     path: str,
     shape: DraftShape,
@@ -151,8 +186,10 @@ def write_draft(
     mask_token_id: int,
     name: str = "dflash-draft",
     d2t: Optional[np.ndarray] = None,
+    weight_type: str = "f32",
 ) -> str:
-    """Write a draft GGUF that llama.cpp loads as architecture `dflash`."""
+    """Write a draft GGUF that llama.cpp loads as architecture `dflash`; matrices in
+    `weight_type` (see `tensor_payload`)."""
     import gguf
 
     if not shape.target_layers:
@@ -189,7 +226,8 @@ def write_draft(
     copy_tokenizer_fields(w, tokenizer_from, skip=("tokenizer.ggml.mask_token_id",))
     w.add_mask_token_id(int(mask_token_id))
     for tname, arr in weights.items():
-        w.add_tensor(tname, np.ascontiguousarray(arr, dtype=np.float32))
+        data, raw = tensor_payload(arr, weight_type)
+        w.add_tensor(tname, data, raw_dtype=raw)
     if d2t is not None:
         w.add_tensor("d2t", np.ascontiguousarray(d2t, dtype=np.int64))
     w.write_header_to_file()

@@ -3,3 +3,6 @@ llama.cpp's `dflash` graph, export to a draft GGUF, parity check and acceptance 
 
 Needs the `train` extra (torch).
 """
+
+#: where `llama-dflash train --device` can train (see device.py)
+DEVICES = ("auto", "cpu", "cuda", "mps")

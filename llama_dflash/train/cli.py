@@ -14,6 +14,9 @@ import os
 import sys
 import time
 
+from ..writer import WEIGHT_TYPES
+from . import DEVICES
+
 __all__ = ["configure", "run"]
 
 
@@ -46,7 +49,20 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="features cache and checkpoints, resumable (default: OUTPUT.work)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and torch)")
-    p.add_argument("--algorithm", choices=("dflash", "dspark"), default="dflash")
+    p.add_argument("--algorithm", choices=("dflash", "dspark"), default="dflash",
+                   help="dspark adds a Markov head and a confidence head (default dflash)")
+    p.add_argument("--markov-rank", type=int, default=64, help="DSpark Markov head rank (default 64)")
+    p.add_argument("--no-confidence-head", action="store_true", help="DSpark without a confidence head")
+    p.add_argument("--reduce-vocab", type=int, metavar="N",
+                   help="export an own LM head over the N target tokens most frequent in the data (d2t)")
+    p.add_argument("--quantize", choices=WEIGHT_TYPES, default="f32", help="weight type of the exported draft")
+    p.add_argument("--hf-output", metavar="DIR", help="also write the draft in the Hugging Face layout "
+                                                       "(config.json + model.safetensors) for vLLM/SGLang")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where PyTorch trains: auto picks CUDA, then Apple MPS, then the CPU")
+    p.add_argument("--n-gpu-layers", type=int, default=-1,
+                   help="target layers on the GPU for data generation (-1 all, 0 none; needs a GPU build of llama.cpp)")
+    p.add_argument("--no-amp", action="store_true", help="no bf16 mixed precision on CUDA")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--skip-eval", action="store_true", help="skip parity and acceptance evaluation")
 
@@ -72,7 +88,7 @@ def _positive(name: str, v, minimum: int = 1) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..defaults import smollm2_path
     from ..inspect import read_gguf, validate_target
-    from ..writer import DraftShape, _pick_heads, _pick_kv_heads, evenly_spread_layers
+    from ..writer import evenly_spread_layers
     from .prompts import builtin_prompts, chat_wrap, load_prompts
 
     t_start = time.time()
@@ -81,9 +97,13 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"target model not found: {model_path}")
     info = read_gguf(model_path)
     validate_target(info)
-    if args.algorithm == "dspark":
-        raise ValueError("--algorithm dspark: DSpark training is not implemented yet; use dflash")
+    if args.algorithm == "dspark" and not 1 <= args.markov_rank <= 4096:
+        raise ValueError(f"--markov-rank must be in 1..4096, not {args.markov_rank}")
+    if args.reduce_vocab is not None and not 0 < args.reduce_vocab <= info.n_vocab:
+        raise ValueError(f"--reduce-vocab must be in 1..{info.n_vocab}, not {args.reduce_vocab}")
     _check_output(args.output)
+    if args.hf_output and os.path.isfile(args.hf_output):
+        raise ValueError(f"--hf-output {args.hf_output} is a file, not a directory")
     _positive("--block-size", args.block_size, 2)
     if args.block_size > 64:
         raise ValueError(f"--block-size must be <= 64, not {args.block_size}")
@@ -110,26 +130,46 @@ def run(args: argparse.Namespace) -> int:
     template = info.get("tokenizer.chat_template") or ""
     wrap = lambda p: chat_wrap(template, p)  # noqa: E731
 
-    import numpy as np
     import torch
 
-    from .data import build_cache
-    from .export import evaluate_acceptance, export_draft, parity_check
-    from .model import DraftModel, load_target_head
-    from .trainer import TrainConfig, pick_mask_token, train
+    from .device import init_distributed
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dist = init_distributed(args.device)
+    try:
+        return _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap, t_start)
+    finally:
+        dist.close()
+
+
+def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap, t_start) -> int:
+    import numpy as np
+
+    from ..writer import DraftShape, _pick_heads, _pick_kv_heads
+    from .data import FeatureCache, build_cache
+    from .device import resolve_device
+    from .export import evaluate_acceptance, export_draft, parity_check
+    from .model import DraftModel, load_target_head
+    from .trainer import TrainConfig, pick_mask_token, train
+
+    device = resolve_device(args.device, dist.local_rank)
     workdir = args.workdir or (os.path.abspath(args.output) + ".work")
     os.makedirs(workdir, exist_ok=True)
-    progress = not args.no_progress
-    say = (lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    progress = not args.no_progress and dist.main
+    say = (lambda *a: None) if not progress else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
     t0 = time.time()
-    cache = build_cache(os.path.join(workdir, "data"), model_path, train_prompts, target_layers=layers,
-                        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                        n_threads=args.threads, progress=progress, wrap=wrap)
+    data_dir = os.path.join(workdir, "data")
+    if dist.main:  # one process makes the data; the others wait and read it
+        cache = build_cache(data_dir, model_path, train_prompts, target_layers=layers,
+                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                            n_threads=args.threads, progress=progress, wrap=wrap, n_gpu_layers=args.n_gpu_layers)
+    dist.barrier()
+    if not dist.main:
+        cache = FeatureCache(data_dir)
+        cache.truncate(len(train_prompts))
     t_data = time.time() - t0
     say(f"data: {len(cache)} sequences, {cache.n_rows} rows ({cache.n_answer_tokens} answer tokens) in {t_data:.0f}s")
 
@@ -149,24 +189,43 @@ def run(args: argparse.Namespace) -> int:
     n_head = _pick_heads(info.n_embd)
     shape = DraftShape(n_embd=info.n_embd, n_layer=args.draft_layers, n_head=n_head, n_head_kv=_pick_kv_heads(n_head),
                        block_size=args.block_size, target_layers=layers, rms_eps=1e-6, rope_theta=10000.0,
-                       context_length=max(2048, info.n_ctx_train or 0))
+                       context_length=max(2048, info.n_ctx_train or 0),
+                       markov_rank=args.markov_rank if args.algorithm == "dspark" else 0,
+                       confidence_head=args.algorithm == "dspark" and not args.no_confidence_head)
     emb, head = load_target_head(model_path)
     model = DraftModel(shape, emb, head)
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
-                      seed=args.seed)
+                      seed=args.seed, amp=not args.no_amp)
     t0 = time.time()
     summary = train(model, cache, cfg, mask_id=mask_id, train_ids=list(range(len(cache))),
-                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress)
+                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress, device=device, dist=dist)
     t_train = time.time() - t0
+    model.to("cpu")
+    if not dist.main:
+        return 0
+    vocab = None
+    if args.reduce_vocab is not None:
+        from .vocab import choose_vocab, counts_from_cache, coverage, end_tokens
+
+        counts = counts_from_cache(info.n_vocab, cache.root)
+        vocab = choose_vocab(counts, args.reduce_vocab, end_tokens(info))
+        say(f"reduced vocabulary: {len(vocab)} tokens cover {coverage(counts, vocab):.4f} of the answer tokens")
     export_draft(model, args.output, target_path=model_path, mask_token_id=mask_id,
-                 name=f"dflash-{os.path.splitext(info.basename)[0]}")
-    report = {"output": args.output, "target": info.basename, "target_layers": layers, "block_size": args.block_size,
+                 name=f"{args.algorithm}-{os.path.splitext(info.basename)[0]}", vocab=vocab, weight_type=args.quantize)
+    if args.hf_output:
+        from .hf_export import export_hf
+
+        export_hf(args.output, args.hf_output)
+    report = {"output": args.output, "target": info.basename, "algorithm": args.algorithm,
+              "reduced_vocab": None if vocab is None else len(vocab), "weight_type": args.quantize,
+              "hf_output": args.hf_output,
+              "target_layers": layers, "block_size": args.block_size,
               "draft_layers": args.draft_layers, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
               "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
               "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "train": summary}
     if not args.skip_eval:
         seqs = [(cache.get(i)[0], cache.get(i)[1].astype(np.float32)) for i in range(min(4, len(cache)))]
-        report["parity"] = parity_check(model, args.output, model_path, seqs, n_threads=args.threads)
+        report["parity"] = parity_check(model, args.output, model_path, seqs, n_threads=args.threads, vocab=vocab)
         say(f"parity: top-1 agreement {report['parity']['agreement']:.4f} over {report['parity']['slots']} slots")
         if eval_prompts:
             from .._llama import Model
@@ -177,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 tok.close()
             report["eval"] = evaluate_acceptance(model_path, args.output, toks, max_new_tokens=args.max_new_tokens,
-                                                 n_max=args.block_size - 1, n_threads=args.threads)
+                                                 n_max=args.block_size - model.first_slot, n_threads=args.threads)
             report["eval"]["prompts"] = len(eval_prompts)
             say("held-out acceptance per position: " + ", ".join(f"{x:.3f}" for x in report["eval"]["acceptance_per_position"]))
             say(f"mean accepted length: {report['eval']['mean_accepted_length']:.3f}")

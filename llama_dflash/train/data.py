@@ -102,8 +102,10 @@ def build_cache(
     n_ctx: int = 1024,
     progress: bool = True,
     wrap: Callable[[str], str] = lambda p: p,
+    n_gpu_layers: int = -1,
 ) -> FeatureCache:
-    """Generate answers with the target and cache their features; resumes an interrupted run."""
+    """Generate answers with the target and cache their features; resumes an interrupted run.
+    n_gpu_layers: target layers offloaded to a GPU backend (-1 all, 0 none)."""
     from .._llama import Model, set_verbose
     from ..config import TargetConfig
     from ..engine import OrdinaryDecoding
@@ -148,7 +150,7 @@ def build_cache(
         cache.truncate(len(prompts))
         return cache
 
-    cfg = TargetConfig(model=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed)
+    cfg = TargetConfig(model=model_path, n_ctx=n_ctx, n_threads=n_threads, seed=seed, n_gpu_layers=n_gpu_layers)
     model = Model(model_path, n_gpu_layers=cfg.n_gpu_layers, repack=cfg.repack)
     gen = OrdinaryDecoding(cfg, model=model)
     tgt = TargetContext(model, cfg, extract_layers=target_layers)

@@ -14,9 +14,17 @@ __all__ = ["export_draft", "parity_check", "evaluate_acceptance"]
 
 
 def export_draft(model: DraftModel, path: str, *, target_path: str, mask_token_id: int,
-                 name: str = "dflash-draft") -> str:
-    return write_draft(path, model.shape, model.export_weights(), tokenizer_from=target_path,
-                       mask_token_id=mask_token_id, name=name)
+                 name: str = "dflash-draft", vocab: Optional[Sequence[int]] = None, weight_type: str = "f32") -> str:
+    """Write the trained draft; `vocab` (target ids) gives it a reduced LM head with `d2t`."""
+    weights = model.export_weights()
+    d2t = None
+    if vocab is not None:
+        from .draftfile import reduce_head
+
+        weights = reduce_head(weights, vocab, target_path)
+        d2t = weights.pop("d2t")
+    return write_draft(path, model.shape, weights, tokenizer_from=target_path, mask_token_id=mask_token_id,
+                       name=name, d2t=d2t, weight_type=weight_type)
 
 
 def _engine(target_path: str, draft_path: str, n_max: int, n_threads: Optional[int], n_ctx: int):
@@ -28,17 +36,26 @@ def _engine(target_path: str, draft_path: str, n_max: int, n_threads: Optional[i
 
 
 def parity_check(model: DraftModel, draft_path: str, target_path: str, sequences: Sequence[tuple[np.ndarray, np.ndarray]],
-                 *, anchors_per_seq: int = 4, seed: int = 0, n_threads: Optional[int] = None) -> dict:
+                 *, anchors_per_seq: int = 4, seed: int = 0, n_threads: Optional[int] = None,
+                 vocab: Optional[Sequence[int]] = None) -> dict:
     """Top-1 agreement between llama.cpp (the engine's DFlashProposer: inject features, decode a
-    block, argmax) and the PyTorch model on the same features, over all block slots 1..B-1.
+    block, argmax; DSpark's Markov chain included) and the PyTorch model on the same features,
+    over every block slot the algorithm reads. `vocab`: the draft's reduced vocabulary (d2t).
+    DSpark drafts with a confidence head also report the largest confidence difference.
 
     sequences: (tokens [L], features [L, W]) pairs; features are used as float32 on both sides.
     """
+    from .. import _bindings as ext
+
     B = model.shape.block_size
+    first = model.first_slot
+    n_read = B - first
     rng = np.random.default_rng(seed)
     n_ctx = max(64, max(len(t) for t, _ in sequences) + B + 8)
-    eng = _engine(target_path, draft_path, B - 1, n_threads, n_ctx)
+    eng = _engine(target_path, draft_path, n_read, n_threads, n_ctx)
+    voc = None if vocab is None else torch.as_tensor(np.asarray(vocab, dtype=np.int64))
     agree = total = 0
+    conf_diff = 0.0
     try:
         prop = eng._dflash
         for toks, feats in sequences:
@@ -49,28 +66,36 @@ def parity_check(model: DraftModel, draft_path: str, target_path: str, sequences
             anchors = np.sort(rng.choice(np.arange(1, L - 1), size=min(anchors_per_seq, L - 2), replace=False))
             prop.clear()
             injected = 0
-            ll_out = []
+            ll_out, ll_conf = [], []
             for a in anchors:
                 a = int(a)
                 if a > injected:
                     prop.inject(feats[injected:a], injected)
                     injected = a
-                ll_out.append(prop.propose(int(toks[a]), a, B - 1))
+                ll_out.append(prop.propose(int(toks[a]), a, n_read))
+                if model.conf_proj is not None:
+                    c = ext.llama_get_embeddings_nextn(prop.ctx.ptr)
+                    ll_conf.append(None if c is None else [float(c[i * prop.n_embd]) for i in range(n_read)])
             with torch.no_grad():
                 f = torch.from_numpy(feats)[None]
                 valid = torch.ones(1, L, dtype=torch.bool)
                 bt = torch.full((1, len(anchors), B), int(eng.draft_info.mask_token_id), dtype=torch.long)
                 bt[0, :, 0] = torch.as_tensor([int(toks[int(a)]) for a in anchors])
-                logits = model(f, valid, bt, torch.as_tensor(anchors, dtype=torch.long)[None])
-                pt = logits[0, :, 1:].argmax(-1).numpy()
+                hid = model(f, valid, bt, torch.as_tensor(anchors, dtype=torch.long)[None], return_hidden=True)
+                pt, _, conf = model.greedy_chain(hid[0, :, first:], bt[0, :, 0], voc)
             for m, ll_toks in enumerate(ll_out):
                 for j, tok in enumerate(ll_toks):
                     total += 1
-                    agree += int(tok == pt[m, j])
-                total += (B - 1) - len(ll_toks)  # missing slots count as disagreement
+                    agree += int(tok == int(pt[m, j]))
+                total += n_read - len(ll_toks)  # missing slots count as disagreement
+                if conf is not None and ll_conf and ll_conf[m] is not None:
+                    conf_diff = max(conf_diff, float(np.abs(np.asarray(ll_conf[m]) - conf[m].numpy()).max()))
     finally:
         eng.close()
-    return {"agreement": agree / total if total else 0.0, "slots": total}
+    out = {"agreement": agree / total if total else 0.0, "slots": total}
+    if model.conf_proj is not None:
+        out["confidence_max_abs_diff"] = conf_diff
+    return out
 
 
 def evaluate_acceptance(target_path: str, draft_path: str, prompts: Sequence[list[int]], *, max_new_tokens: int,

@@ -6,6 +6,11 @@ K = rope(k_norm(wk(fused))), V = wv(fused).  Block path: x = tok_embd[tokens]; p
 h = attn_norm(x); q/k/v from h with per-head RMS q_norm/k_norm, NEOX rope; non-causal attention of
 the block over [context K/V at positions < anchor; block K/V]; wo; residual; ffn_norm; SwiGLU;
 residual.  Then output_norm and the target's head.
+
+DSpark (shape.markov_rank > 0, src/models/dflash.cpp `build_dspark_markov_head`): the logits of
+block slot i get a Markov bias `markov_w2 @ markov_w1[prev_i]`, prev_0 the anchor token and
+prev_i the argmax of slot i-1 (in training: the true previous token); the optional confidence
+head is `sigmoid(conf_proj . [output_norm(x_i); markov_w1[prev_i]] + b)`.
 """
 
 from __future__ import annotations
@@ -19,28 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..writer import DraftShape
+from .draftfile import load_target_head
 
 __all__ = ["DraftModel", "load_target_head", "rope_neox"]
-
-
-def load_target_head(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(token_embd [n_vocab, n_embd], output head [n_vocab, n_embd]) dequantized to float32.
-    A target without `output.weight` ties the head to token_embd."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(path, "r")
-    tensors = {t.name: t for t in reader.tensors}
-
-    def load(name: str) -> np.ndarray:
-        t = tensors[name]
-        arr = dequantize(t.data, t.tensor_type)
-        n_embd = int(t.shape[0])
-        return np.ascontiguousarray(arr.reshape(-1, n_embd), dtype=np.float32)
-
-    emb = load("token_embd.weight")
-    head = load("output.weight") if "output.weight" in tensors else emb
-    return emb, head
 
 
 class RMSNorm(nn.Module):
@@ -103,6 +89,58 @@ class DraftModel(nn.Module):
         for l in self.layers:
             nn.init.normal_(l.wo.weight, std=0.3 / math.sqrt(l.wo.in_features))
             nn.init.normal_(l.down.weight, std=0.3 / math.sqrt(l.down.in_features))
+        self.markov_w1 = self.markov_w2 = self.conf_proj = None
+        if s.markov_rank > 0:
+            n_vocab, r = self.head.shape[0], s.markov_rank
+            self.markov_w1 = nn.Parameter(torch.randn(n_vocab, r) / math.sqrt(r))
+            self.markov_w2 = nn.Parameter(torch.zeros(n_vocab, r))  # starts as plain DFlash
+            if s.confidence_head:
+                self.conf_proj = nn.Linear(e + r, 1)
+                nn.init.zeros_(self.conf_proj.weight)
+                nn.init.zeros_(self.conf_proj.bias)
+
+    @property
+    def is_dspark(self) -> bool:
+        return self.markov_w1 is not None
+
+    @property
+    def first_slot(self) -> int:
+        """First block slot the algorithm reads: 0 for anchor-first DSpark, else 1."""
+        return 0 if self.is_dspark and self.shape.sample_from_anchor else 1
+
+    def logits(self, hid: torch.Tensor, prev: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Head logits of hidden rows [..., E]; DSpark adds the Markov bias of tokens `prev` [...]."""
+        out = hid @ self.head.T
+        if self.is_dspark and prev is not None:
+            out = out + F.embedding(prev, self.markov_w1) @ self.markov_w2.T
+        return out
+
+    def confidence(self, hid: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """DSpark confidence logit (before the sigmoid) of hidden rows [..., E] after tokens prev."""
+        return self.conf_proj(torch.cat([hid, F.embedding(prev, self.markov_w1)], dim=-1))[..., 0]
+
+    @torch.no_grad()
+    def greedy_chain(self, hid: torch.Tensor, anchor_tokens: torch.Tensor,
+                     vocab: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """What llama.cpp drafts from block hidden rows hid [..., S, E] (the read slots) and the
+        anchors' tokens [...]: argmax tokens [..., S], the prev token of every slot [..., S] and,
+        with a confidence head, the confidences [..., S]. DSpark chains each slot's argmax into
+        the next slot's Markov bias; `vocab` (target ids) restricts the argmax (reduced drafts)."""
+        S = hid.shape[-2]
+        prev = anchor_tokens
+        toks, prevs = [], []
+        for i in range(S):
+            lg = self.logits(hid[..., i, :], prev if self.is_dspark else None)
+            if vocab is not None:
+                t = vocab[lg[..., vocab].argmax(-1)]
+            else:
+                t = lg.argmax(-1)
+            toks.append(t)
+            prevs.append(prev)
+            prev = t
+        toks_t, prev_t = torch.stack(toks, -1), torch.stack(prevs, -1)
+        conf = torch.sigmoid(self.confidence(hid, prev_t)) if self.conf_proj is not None else None
+        return toks_t, prev_t, conf
 
     # ---- pieces --------------------------------------------------------------------------
     def context_kv(self, features: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -178,4 +216,10 @@ class DraftModel(nn.Module):
             w[p + "ffn_gate.weight"] = a(l.gate.weight)
             w[p + "ffn_up.weight"] = a(l.up.weight)
             w[p + "ffn_down.weight"] = a(l.down.weight)
+        if self.is_dspark:
+            w["markov_w1.weight"] = a(self.markov_w1)
+            w["markov_w2.weight"] = a(self.markov_w2)
+            if self.conf_proj is not None:
+                w["conf_proj.weight"] = a(self.conf_proj.weight)
+                w["conf_proj.bias"] = a(self.conf_proj.bias)
         return w

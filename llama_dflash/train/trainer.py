@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import FeatureCache
+from .device import Dist, autocast, param_checksum
 from .model import DraftModel
 
 __all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma"]
@@ -32,6 +33,7 @@ class TrainConfig:
     max_context: int = 1024
     checkpoint_every: int = 100
     seed: int = 0
+    amp: bool = True  # bf16 autocast where the device supports it (CUDA)
 
 
 def decay_gamma(block_size: int) -> float:
@@ -53,8 +55,11 @@ def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int])
 
 
 def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
-               rng: np.random.Generator, max_context: int = 1024):
-    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]."""
+               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False):
+    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B].
+
+    Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
+    `anchor_first` (DSpark) the token at a+j+1."""
     items = []
     for i in idx:
         toks, feats, plen = cache.get(i)
@@ -72,6 +77,7 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
     btoks = np.full((N, n_anchors, block), mask_id, dtype=np.int64)
     labels = np.full((N, n_anchors, block), -100, dtype=np.int64)
     anc = np.zeros((N, n_anchors), dtype=np.int64)
+    shift = 1 if anchor_first else 0
     for n, (toks, f, anchors) in enumerate(items):
         L = len(toks)
         feats[n, :L] = f
@@ -79,34 +85,49 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
         anc[n] = anchors
         for m, a in enumerate(anchors):
             btoks[n, m, 0] = toks[a]
-            for j in range(1, block):
-                if a + j < L:
-                    labels[n, m, j] = toks[a + j]
+            for j in range(1 - shift, block):
+                if a + j + shift < L:
+                    labels[n, m, j] = toks[a + j + shift]
     t = torch.from_numpy
     return t(feats), t(valid), t(btoks), t(anc), t(labels)
 
 
-def block_loss(model: DraftModel, batch, gamma: float) -> tuple[torch.Tensor, float, int]:
-    """Weighted CE over slots 1..B-1 (slot j weighted exp(-(j-1)/gamma)); returns loss, first-slot
-    accuracy and the number of first-slot labels."""
+def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0) -> tuple[torch.Tensor, float, int]:
+    """Weighted CE over the slots the algorithm reads (the k-th read slot weighted exp(-k/gamma));
+    returns loss, first-slot accuracy and the number of first-slot labels.
+
+    DSpark: the Markov bias uses the true previous token (teacher forcing); the confidence head
+    learns, by BCE on detached inputs, whether each slot of the greedy chain llama.cpp runs would
+    be accepted (that slot and every earlier one right)."""
     feats, valid, btoks, anc, labels = batch
-    hid = model(feats, valid, btoks, anc, return_hidden=True)[:, :, 1:]  # [N, M, B-1, E]
-    lab = labels[:, :, 1:]
-    B1 = lab.shape[-1]
-    w = torch.exp(-torch.arange(B1, dtype=torch.float32) / gamma).expand_as(lab)
+    first = model.first_slot
+    hid = model(feats, valid, btoks, anc, return_hidden=True)[:, :, first:]  # [N, M, S, E]
+    lab = labels[:, :, first:]
+    S = lab.shape[-1]
+    w = torch.exp(-torch.arange(S, dtype=torch.float32, device=lab.device) / gamma).expand_as(lab)
     keep = lab >= 0
-    h, y, ww = hid[keep], lab[keep], w[keep]
-    logits = h @ model.head.T
-    ce = F.cross_entropy(logits, y, reduction="none")
+    prev = None
+    if model.is_dspark:
+        # slot k's previous token: the anchor's, then the labels before it
+        prev = torch.cat([btoks[:, :, :1], lab[..., :-1].clamp_min(0)], dim=-1)
+    logits = model.logits(hid[keep], None if prev is None else prev[keep])
+    ce = F.cross_entropy(logits.float(), lab[keep], reduction="none")
+    ww = w[keep]
     loss = (ce * ww).sum() / ww.sum().clamp_min(1e-6)
     with torch.no_grad():
-        first = keep[..., 0]
-        n1 = int(first.sum())
+        first_keep = keep[..., 0]
+        n1 = int(first_keep.sum())
+        acc = 0.0
         if n1:
-            pred = (hid[..., 0, :][first] @ model.head.T).argmax(-1)
-            acc = float((pred == lab[..., 0][first]).float().mean())
-        else:
-            acc = 0.0
+            p1 = None if prev is None else prev[..., 0][first_keep]
+            pred = model.logits(hid[..., 0, :][first_keep], p1).argmax(-1)
+            acc = float((pred == lab[..., 0][first_keep]).float().mean())
+    if model.conf_proj is not None and n1:
+        toks, chain_prev, _ = model.greedy_chain(hid.detach(), btoks[:, :, 0])
+        accepted = torch.cumprod((toks == lab).to(torch.float32), dim=-1)
+        z = model.confidence(hid.detach(), chain_prev)
+        bce = F.binary_cross_entropy_with_logits(z[keep].float(), accepted[keep])
+        loss = loss + conf_weight * bce
     return loss, acc, n1
 
 
@@ -119,8 +140,15 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: int, train_ids: list[int],
-          ckpt_path: Optional[str] = None, progress: bool = True, log=None) -> dict:
-    """Train in place; resumes from ckpt_path when it exists. Returns a summary dict."""
+          ckpt_path: Optional[str] = None, progress: bool = True, device: Optional[torch.device] = None,
+          dist: Optional[Dist] = None) -> dict:
+    """Train in place on `device` (default: where the model is); resumes from ckpt_path when it
+    exists. With `dist` (several processes) every rank draws its own batches and the gradients are
+    averaged, so all ranks keep the same weights; only rank 0 writes checkpoints and progress.
+    Returns a summary dict (losses averaged over the ranks)."""
+    dist = dist or Dist()
+    device = device or next(model.parameters()).device
+    model.to(device)
     block = model.shape.block_size
     gamma = cfg.gamma or decay_gamma(block)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -129,39 +157,46 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     start = 0
-    rng = np.random.default_rng(cfg.seed)
     if ckpt_path and os.path.isfile(ckpt_path):
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         start = int(ck["step"])
-        rng = np.random.default_rng([cfg.seed, start])
+    dist.broadcast_params(params)
+    rng = np.random.default_rng([cfg.seed, start, dist.rank])
 
     def save(step: int) -> None:
-        if ckpt_path:
+        if ckpt_path and dist.main:
             tmp = ckpt_path + ".tmp"
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
             os.replace(tmp, ckpt_path)
 
     bar = None
-    if progress and start < cfg.steps:
+    if progress and dist.main and start < cfg.steps:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     ema_loss, ema_acc = None, None
+    losses: list[float] = []
     t0 = time.time()
     model.train()
     for step in range(start, cfg.steps):
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg)
         idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
-        batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context)
-        loss, acc, _ = block_loss(model, batch, gamma)
+        batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context,
+                           anchor_first=model.first_slot == 0)
+        batch = tuple(t.to(device, non_blocking=True) for t in batch)
+        with autocast(device, cfg.amp):
+            loss, acc, _ = block_loss(model, batch, gamma)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        dist.average_grads(params)
         torch.nn.utils.clip_grad_norm_(params, cfg.clip)
         opt.step()
-        lv = float(loss.detach())
+        lv = dist.mean(float(loss.detach()), device)
+        acc = dist.mean(acc, device)
+        losses.append(lv)
         ema_loss = lv if ema_loss is None else 0.95 * ema_loss + 0.05 * lv
         ema_acc = acc if ema_acc is None else 0.95 * ema_acc + 0.05 * acc
         if bar is not None:
@@ -173,4 +208,9 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
         bar.close()
     save(cfg.steps)
     model.eval()
-    return {"steps": cfg.steps, "loss": ema_loss, "first_slot_acc": ema_acc, "seconds": time.time() - t0}
+    head = losses[: max(1, len(losses) // 10)]
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"steps": cfg.steps, "loss": ema_loss, "first_slot_acc": ema_acc, "seconds": time.time() - t0,
+            "loss_start": float(np.mean(head)) if losses else None, "loss_end": float(np.mean(tail)) if losses else None,
+            "world_size": dist.world, "device": str(device),
+            "rank_checksums": dist.gather_floats(param_checksum(params), device)}
