@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from ..stats import SpecStats
 
-__all__ = ["PHASES", "StepCosts", "Prediction", "CostModel", "phase_table", "ordinary_unit", "build_cost_model"]
+__all__ = ["PHASES", "StepCosts", "Prediction", "CostModel", "phase_table", "ordinary_unit", "build_cost_model",
+           "speedup_line", "cost_model_dict"]
 
 #: Phases of a step, in the order tables print them.
 PHASES = ("draft", "inject", "verify", "sample", "rollback", "python")
@@ -149,3 +150,28 @@ def build_cost_model(ordinary: SpecStats, runs: dict[Any, SpecStats], costs: Ste
         tau = 1.0 + sum(acc[:k])
         preds.append(Prediction(k, tau, step, tau / step, (k + 1) / step))
     return CostModel(t_ord, preds, costs.source)
+
+
+def speedup_line(model: CostModel, measured: dict[Any, float]) -> str:
+    """`predicted 0.81x at k=2, measured 0.79x` (measured: the best measured setting)."""
+    best = model.best
+    if best is None:
+        return "no prediction"
+    if not measured:
+        return f"predicted {best.speedup:.2f}x at k={best.k}, nothing measured"
+    k_meas, s_meas = max(measured.items(), key=lambda kv: kv[1])
+    same = measured.get(best.k)
+    text = f"predicted {best.speedup:.2f}x at k={best.k}, measured {s_meas:.2f}x at {_k(k_meas)}"
+    if same is not None and k_meas != best.k:
+        text += f" ({same:.2f}x at k={best.k})"
+    return text
+
+
+def _k(k: Any) -> str:
+    return "auto" if k == "auto" else f"k={k}"
+
+
+def cost_model_dict(model: CostModel, measured: dict[Any, float], oracle: dict[Any, float]) -> dict[str, Any]:
+    """The model's JSON with the measured decode-loop speedups (and oracle's) beside the predictions."""
+    return {**model.to_dict(), "measured_decode_speedup": {str(k): v for k, v in measured.items()},
+            "oracle_decode_speedup": {str(k): v for k, v in oracle.items()}, "summary": speedup_line(model, measured)}

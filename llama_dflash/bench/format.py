@@ -6,7 +6,7 @@ import os
 
 from typing import Any, Optional
 
-from .costmodel import PHASES, CostModel
+from .costmodel import PHASES, CostModel, speedup_line
 from .runner import BenchResult, ModeResult
 
 __all__ = ["format_header", "format_result", "format_phases", "format_cost_model", "format_tau", "speedup_line"]
@@ -120,23 +120,6 @@ def format_phases(table: dict[str, Any]) -> list[str]:
                         for p in (*PHASES, "total"))
         out.append(f"  {label:>9}{cells}{row['tokens_per_step']:9.2f}")
     return out
-
-
-def speedup_line(model: CostModel, measured: dict[Any, float]) -> str:
-    """`predicted 0.81x at k=2, measured 0.79x` (measured: the best measured setting)."""
-    best = model.best
-    if best is None:
-        return "no prediction"
-    k_meas, s_meas = max(measured.items(), key=lambda kv: kv[1])
-    same = measured.get(best.k)
-    text = f"predicted {best.speedup:.2f}x at k={best.k}, measured {s_meas:.2f}x at {_k(k_meas)}"
-    if same is not None and k_meas != best.k:
-        text += f" ({same:.2f}x at k={best.k})"
-    return text
-
-
-def _k(k: Any) -> str:
-    return "auto" if k == "auto" else f"k={k}"
 
 
 def format_cost_model(model: CostModel, measured: dict[Any, float], oracle: Optional[dict[Any, float]] = None) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..inspect import read_gguf
 from ..stats import SpecStats
-from .costmodel import PHASES, CostModel
+from .costmodel import PHASES, CostModel, speedup_line
 
 __all__ = ["system_facts", "feedback_fields", "model_fields", "render_report", "parse_report", "TEMPLATE_FIELDS",
            "EXTRA_FIELDS"]
@@ -69,8 +69,6 @@ EXTRA_FIELDS = [
 def model_fields(stats: Optional[SpecStats], model: Optional[CostModel], measured: dict[Any, float],
                  phases: Optional[dict[str, Any]], oracle: Optional[tuple[Any, float]]) -> dict[str, str]:
     """tau, the cost model's prediction and verdict, the oracle ceiling and the phase table, as text."""
-    from .format import speedup_line
-
     f: dict[str, str] = {}
     if stats is not None:
         f["Tokens per verification step (tau)"] = f"{stats.tokens_per_step:.2f} (accepted + 1)"

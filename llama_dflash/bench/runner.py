@@ -17,7 +17,7 @@ from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .backend import BackendInfo, backend_info
-from .costmodel import CostModel, StepCosts, build_cost_model, phase_table, run_step_costs
+from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
 from .oracle import oracle_proposals
 from .probe import probe_step_costs
 
@@ -199,7 +199,7 @@ class BenchResult:
             },
             "oracle": self.oracle.to_dict() if self.oracle is not None else None,
             "phases": self.phase_table(),
-            "cost_model": self.cost_model().to_dict(),
+            "cost_model": cost_model_dict(self.cost_model(), *self.decode_speedups()),
             "step_costs": asdict(self.step_costs) if self.step_costs is not None else None,
             "backend": self.backend.to_dict() if self.backend is not None else None,
             "warnings": self.warnings,

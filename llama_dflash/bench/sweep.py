@@ -17,7 +17,7 @@ from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .backend import BackendInfo, backend_info
-from .costmodel import CostModel, StepCosts, build_cost_model, phase_table, run_step_costs
+from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
 from .format import format_cost_model, format_phases
 from .probe import probe_step_costs
 from .runner import ModeResult, RunResult, timed_run, first_divergence, run_oracle
@@ -128,7 +128,7 @@ class SweepCell:
             "oracle_ceiling": (dict(zip(("draft_tokens", "speedup"), self.oracle_ceiling))
                                if self.oracle_ceiling else None),
             "phases": self.phase_table(),
-            "cost_model": self.cost_model().to_dict(),
+            "cost_model": cost_model_dict(self.cost_model(), *self.decode_speedups()),
         }
 
 

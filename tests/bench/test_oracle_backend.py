@@ -57,6 +57,9 @@ def test_json_and_text_carry_phases_cost_model_and_oracle(oracle_result):
     assert d["phases"]["ordinary"]["verify"] == pytest.approx(1.0)
     assert d["step_costs"]["source"] == "probe" and set(d["step_costs"]["verify"]) == {str(k) for k in range(1, 16)}
     assert [p["k"] for p in d["cost_model"]["predictions"]] == [1, 2, 3]
+    assert set(d["cost_model"]["measured_decode_speedup"]) == {"3"}
+    assert set(d["cost_model"]["oracle_decode_speedup"]) == {"3"}
+    assert d["cost_model"]["summary"].startswith("predicted ") and "measured" in d["cost_model"]["summary"]
     assert d["speculative"]["stats"]["tokens_per_step"] == pytest.approx(
         1 + d["speculative"]["stats"]["accepted_per_step"])
     assert d["backend"]["backend"] == backend_info().name
