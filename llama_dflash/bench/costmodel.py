@@ -28,6 +28,7 @@ class StepCosts:
     draft: dict[int, float] = field(default_factory=dict)
     verify: dict[int, float] = field(default_factory=dict)
     source: str = "probe"  # "probe": timed in isolation; "runs": per-step means of the measured runs
+    ordinary: Optional[float] = None  # one ordinary decode + sync, timed in the same probe rounds
 
     def ks(self) -> list[int]:
         return sorted(set(self.draft) & set(self.verify))
@@ -130,10 +131,16 @@ def run_step_costs(runs: dict[Any, SpecStats]) -> StepCosts:
 def build_cost_model(ordinary: SpecStats, runs: dict[Any, SpecStats], costs: StepCosts) -> CostModel:
     """Predict the speedup of every k with measured costs, from the measured acceptance.
 
-    Acceptance at k comes from the run at k when there is one, else from the run that drafted the
-    most positions; extras (injection, sampling, Python) likewise, else their mean over the runs.
+    t_ord, one ordinary token, is the probe's ordinary decode (same time window as the probed
+    draft/verify costs) plus the ordinary loop's sampling and Python time per token, or without a
+    probe the ordinary loop's time per token.  Acceptance at k comes from the run at k when there
+    is one, else from the run that drafted the most positions; extras (injection, sampling,
+    Python) likewise, else their mean over the runs.
     """
     t_ord = _loop_seconds(ordinary) / ordinary.generated_tokens if ordinary.generated_tokens else 0.0
+    if costs.ordinary and ordinary.verification_steps:
+        # the probe's decode with the ordinary loop's own per-token extras (sampling, Python)
+        t_ord = costs.ordinary + max(0.0, t_ord - ordinary.target_seconds / ordinary.verification_steps)
     measured = {k: s for k, s in runs.items() if s.verification_steps}
     if t_ord <= 0 or not measured:
         return CostModel(t_ord, [], costs.source)

@@ -314,6 +314,7 @@ def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashD
     costs = None
     if cfg.probe:
         note("cost probe")
-        costs = probe_step_costs(spec_dec, prompt, range(1, spec_dec.draft_info.max_draft_tokens + 1))
+        costs = probe_step_costs(spec_dec, prompt, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+                                 ordinary=ord_dec)
     return BenchResult(cfg, len(prompt), ordinary, speculative, spec_dec.algorithm, spec_dec.draft_n_max,
                        oracle=oracle, oracle_draft_tokens=oracle_k, step_costs=costs)

@@ -197,7 +197,8 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
                 costs = None
                 if cfg.probe:
                     first = ord_dec.tokenize(next(iter(cfg.workloads.values()))[0])
-                    costs = probe_step_costs(spec_dec, first, range(1, spec_dec.draft_info.max_draft_tokens + 1))
+                    costs = probe_step_costs(spec_dec, first, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+                                             ordinary=ord_dec)
                 for cell in cells:
                     cell.step_costs = costs
                 algorithm = spec_dec.algorithm

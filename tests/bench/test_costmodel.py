@@ -98,3 +98,11 @@ def test_costs_from_the_runs_when_there_is_no_probe():
     assert c.draft[2] == pytest.approx(0.005) and c.verify[2] == pytest.approx(0.015)
     m = build_cost_model(_ordinary(), {2: _spec_k2()}, c)
     assert m.costs_source == "runs" and [p.k for p in m.predictions] == [2]
+
+
+def test_a_probed_ordinary_decode_sets_the_ordinary_token_cost():
+    # probe: 8 ms per ordinary decode; the loop adds 10 - 9 = 1 ms per token of sampling and Python
+    costs = StepCosts(draft={1: 0.004}, verify={1: 0.012}, ordinary=0.008)
+    m = build_cost_model(_ordinary(), {2: _spec_k2()}, costs)
+    assert m.ordinary_seconds == pytest.approx(0.009)
+    assert m.predictions[0].step_cost == pytest.approx(0.018 / 0.009)
