@@ -274,7 +274,7 @@ def _run_single(args: argparse.Namespace) -> int:
     from .report import feedback_fields, model_fields, render_report
 
     cfg = build_config(args)
-    bar = _progress_bar(args, 2 * cfg.runs + (2 if cfg.warmup_tokens else 0))
+    bar = _progress_bar(args, (3 if cfg.oracle else 2) * cfg.runs + (2 if cfg.warmup_tokens else 0) + int(cfg.probe))
     try:
         result = run_benchmark(cfg, (lambda _msg: bar.update(1)) if bar is not None else None)
     finally:
