@@ -8,6 +8,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 GPU    ?=
+# make gpu-check on a machine with an NVIDIA GPU builds for CUDA right away (no CPU build first)
+ifeq ($(GPU)$(filter gpu-check,$(MAKECMDGOALS)),gpu-check)
+GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda)
+endif
 # what pip builds llama-cpp-python from (a local sdist path works offline)
 LLAMA_CPP_SRC ?= llama-cpp-python==0.3.36
 # ~2-3 minutes on a 2-core CPU: ordinary vs three draft lengths and auto, the oracle at each fixed length
