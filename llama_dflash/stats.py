@@ -68,6 +68,17 @@ class SpecStats:
         return self.accepted / self.verification_steps if self.verification_steps else 0.0
 
     @property
+    def accepted_per_step(self) -> float:
+        """Draft tokens accepted per verification step (same as `mean_accepted_length`)."""
+        return self.mean_accepted_length
+
+    @property
+    def tokens_per_step(self) -> float:
+        """tau as the DFlash/DSpark papers report it: tokens per verification step, i.e. the
+        accepted drafts plus the target's own token (1.0 means no draft token was ever accepted)."""
+        return 1.0 + self.mean_accepted_length if self.verification_steps else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
@@ -86,6 +97,20 @@ class SpecStats:
         loop = self.total_seconds - self.prefill_seconds
         return max(0.0, loop - self.target_seconds - self.draft_seconds - self.process_seconds
                    - self.checkpoint_seconds)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Decode-loop wall time (prefill excluded) split by phase; the values sum to the loop's
+        time.  "python" is what no timer covers: our own loop, copies and conversions."""
+        loop = max(0.0, self.total_seconds - self.prefill_seconds)
+        phases = {
+            "draft": self.draft_seconds,  # draft block decode + candidate read
+            "inject": self.process_seconds,  # target features written into the draft cache
+            "verify": self.target_seconds,  # target decode of the k+1 rows + first logits read
+            "sample": self.sample_seconds,  # target sampling of the verified rows
+            "rollback": self.checkpoint_seconds + self.native_rollback_seconds,
+        }
+        phases["python"] = max(0.0, loop - sum(phases.values()))
+        return phases
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def record_step(self, n_drafted: int, n_accepted: int) -> None:
@@ -139,6 +164,8 @@ class SpecStats:
         d.update(
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,
+            accepted_per_step=self.accepted_per_step,
+            tokens_per_step=self.tokens_per_step,
             tokens_per_second=self.tokens_per_second,
             acceptance_per_position=self.acceptance_per_position,
             overhead_seconds=self.overhead_seconds,

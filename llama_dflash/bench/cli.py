@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Optional
 
 from ..config import SpecConfig, TargetConfig
 from ..inspect import get_str, read_gguf, validate_files
@@ -55,8 +56,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--n-ctx", type=int, default=2048)
     c.add_argument("--n-batch", type=int, default=512)
     c.add_argument("--n-ubatch", type=int, default=512)
+    c.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                   help="flash attention in the target context (default: llama.cpp's own, auto)")
     c.add_argument("--threads", type=int, default=None)
-    c.add_argument("--n-gpu-layers", type=int, default=-1)
+    c.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="target layers to offload to the GPU (default: all, -1, where the build has a GPU "
+                        "backend); a warning says when the build has none")
     w = p.add_argument_group("sweeps and workloads")
     w.add_argument("--sweep-draft-tokens", type=_draft_list, metavar="K,K,...",
                    help="compare these draft lengths (e.g. 1,2,3,4,5,6,7,8,auto)")
@@ -65,7 +70,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     w.add_argument("--workload", choices=(*WORKLOADS, "all"), help="built-in prompt set(s) instead of --prompt")
     w.add_argument("--prompt-file", metavar="PATH", help="prompts: one per line, or JSONL with \"prompt\"")
     w.add_argument("--cpp-reference", metavar="BINARY",
-                   help="also run llama.cpp's llama-speculative-simple on the same pair and settings")
+                   help="also run llama.cpp's llama-speculative-simple on the same prompt tokens, n_predict, "
+                        "draft length, threads and --ignore-eos, and compare accepted counts")
+    w.add_argument("--oracle", action="store_true",
+                   help="also run the oracle: the ordinary run's tokens as proposals, with the real draft decode "
+                        "still running: the measured speedup ceiling of this pair (greedy: 100%% accepted)")
+    w.add_argument("--no-cost-probe", dest="cost_probe", action="store_false",
+                   help="do not time verify/draft for every draft length (the cost model then uses the "
+                        "measured runs only)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write the results as JSON")
     o.add_argument("--report", metavar="PATH.md", help="write the community feedback template, filled in")
@@ -136,8 +148,10 @@ def _is_sweep(args: argparse.Namespace) -> bool:
 def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
     model, draft = _resolve_models(args)
     validate_files(model, draft, args.algorithm)  # before llama.cpp loads either file
+    ngl = -1 if args.n_gpu_layers is None else args.n_gpu_layers
     target = TargetConfig(model, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
-                          n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, verbose=args.verbose)
+                          n_threads=args.threads, n_gpu_layers=ngl, verbose=args.verbose,
+                          flash_attn=args.flash_attn)
     spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_tokens,
                       draft_n_min=args.draft_n_min, draft_p_min=args.draft_p_min,
                       backend_sampling=not args.no_backend_sampling, rollback=args.rollback)
@@ -153,7 +167,8 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     prompt = _wrap(args, target.model, args.prompt)
     return BenchConfig(target, spec, prompt, max_tokens=args.max_tokens, warmup_tokens=args.warmup_tokens,
                        runs=args.runs, ignore_eos=args.ignore_eos,
-                       sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
+                       sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+                       oracle=args.oracle, probe=args.cost_probe)
 
 
 def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
@@ -173,7 +188,8 @@ def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
                        draft_tokens=args.sweep_draft_tokens or [args.draft_tokens],
                        max_tokens=args.sweep_max_tokens or [args.max_tokens],
                        runs=args.runs, warmup_tokens=args.warmup_tokens, ignore_eos=args.ignore_eos,
-                       sampling=SamplingParams(temperature=args.temperature, seed=args.seed))
+                       sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+                       oracle=args.oracle, probe=args.cost_probe)
 
 
 def _progress_bar(args: argparse.Namespace, total: int):
@@ -204,45 +220,80 @@ def _validate_outputs(args: argparse.Namespace) -> None:
 
 
 def _cpp_block(args: argparse.Namespace, target: TargetConfig, spec: SpecConfig, prompt: str,
-               max_tokens: int, draft_n_max: int, our_tps: float) -> tuple[str, dict]:
+               max_tokens: int, draft_n_max: int, ours: "RunResult", ignore_eos: bool,
+               not_comparable: Optional[str] = None) -> tuple[str, dict]:
+    """Run llama-speculative-simple on the same prompt text, n_predict, draft length, threads and
+    ignore-eos, and set its numbers beside one of our runs (`ours`: same prompt and draft length,
+    unless `not_comparable` says why not)."""
     from .._llama import cpu_has_amx
+    from ..target import default_threads
     from .cpp_reference import run_cpp_reference
 
+    threads = target.n_threads or default_threads()
     cpp = run_cpp_reference(args.cpp_reference, target.model, spec.draft_model, prompt, n_predict=max_tokens,
                             draft_n_max=draft_n_max, draft_p_min=spec.draft_p_min, n_ctx=target.n_ctx,
-                            n_batch=target.n_batch, n_ubatch=target.n_ubatch, threads=target.n_threads,
-                            repack=not cpu_has_amx() if target.repack is None else target.repack)
+                            n_batch=target.n_batch, n_ubatch=target.n_ubatch, threads=threads,
+                            repack=not cpu_has_amx() if target.repack is None else target.repack,
+                            ignore_eos=ignore_eos)
+    our_tps = ours.decode_tokens_per_second
     ratio = our_tps / cpp.tokens_per_second if cpp.tokens_per_second else 0.0
+    identical = None if not_comparable else (ours.accepted == cpp.n_accept and ours.drafted == cpp.n_drafted)
+    verdict = f"not compared ({not_comparable})" if not_comparable else ("yes" if identical else "NO")
     text = "\n".join([
-        "[llama.cpp C++ driver: llama-speculative-simple]",
-        f"  decoded             : {cpp.decoded_tokens} tokens / {cpp.seconds:.3f} s = {cpp.tokens_per_second:.2f} token/s",
-        f"  draft accepted      : {cpp.n_accept} / {cpp.n_drafted} ({100 * cpp.acceptance_rate:.1f}%)",
-        f"  ours / C++          : {ratio:.3f}x",
+        f"[comparison: ours vs llama.cpp's C++ driver (llama-speculative-simple), draft tokens {draft_n_max}, "
+        f"{threads} threads, ignore-eos {ignore_eos}]",
+        f"  {'':20}{'ours':>14}{'C++':>14}",
+        f"  {'decoded tokens':20}{ours.tokens:>14}{cpp.decoded_tokens:>14}",
+        f"  {'token/s (decode)':20}{our_tps:>14.2f}{cpp.tokens_per_second:>14.2f}",
+        f"  {'draft accepted':20}{ours.accepted!s:>14}{cpp.n_accept:>14}",
+        f"  {'draft proposed':20}{ours.drafted!s:>14}{cpp.n_drafted:>14}",
+        f"  accepted identical  : {verdict}",
+        f"  ours / C++          : {ratio:.3f}x (decode rates, prompt processing excluded on both sides)",
     ])
-    return text, {**cpp.__dict__, "acceptance_rate": cpp.acceptance_rate, "ours_over_cpp": ratio}
+    return text, {**cpp.__dict__, "acceptance_rate": cpp.acceptance_rate, "ours_over_cpp": ratio,
+                  "ours": {"decoded_tokens": ours.tokens, "tokens_per_second": our_tps, "n_accept": ours.accepted,
+                           "n_drafted": ours.drafted},
+                  "threads": threads, "ignore_eos": ignore_eos, "accepted_identical": identical}
+
+
+def _warn_offload(args: argparse.Namespace) -> Optional[str]:
+    """An explicit --n-gpu-layers on a build that cannot offload: said on stderr, kept for the report."""
+    from .backend import backend_info, offload_warning
+
+    if args.n_gpu_layers is None:
+        return None
+    msg = offload_warning(args.n_gpu_layers, backend_info())
+    if msg:
+        print(f"warning: {msg}", file=sys.stderr)
+    return msg
 
 
 def run(args: argparse.Namespace) -> int:
     _validate_outputs(args)
+    args.offload_warning = _warn_offload(args)
     return _run_sweep(args) if _is_sweep(args) else _run_single(args)
 
 
 def _run_single(args: argparse.Namespace) -> int:
-    from .report import feedback_fields, render_report
+    from .report import feedback_fields, model_fields, render_report
 
     cfg = build_config(args)
-    bar = _progress_bar(args, 2 * cfg.runs + (2 if cfg.warmup_tokens else 0))
+    bar = _progress_bar(args, (3 if cfg.oracle else 2) * cfg.runs + (2 if cfg.warmup_tokens else 0) + int(cfg.probe))
     try:
         result = run_benchmark(cfg, (lambda _msg: bar.update(1)) if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
+    if args.offload_warning:
+        result.warnings.insert(0, args.offload_warning)
     summary = format_result(result)
     data = result.to_dict()
     if args.cpp_reference:
-        text, data["cpp_reference"] = _cpp_block(args, cfg.target, cfg.spec, cfg.prompt, cfg.max_tokens,
-                                                 result.draft_n_max if isinstance(result.draft_n_max, int) else 7,
-                                                 result.speculative.aggregate_tokens_per_second)
+        adaptive = cfg.spec.adaptive
+        k = result.oracle_draft_tokens or result.draft_n_max
+        text, data["cpp_reference"] = _cpp_block(
+            args, cfg.target, cfg.spec, cfg.prompt, cfg.max_tokens, k, result.speculative.runs[0], cfg.ignore_eos,
+            "ours drafted an adaptive length; pass --draft-tokens K" if adaptive else None)
         summary += "\n\n" + text
     print(summary)
     if args.json:
@@ -259,13 +310,15 @@ def _run_single(args: argparse.Namespace) -> int:
             speculative_tps=s.aggregate_tokens_per_second, stats=s.stats,
             deterministic=result.runs_deterministic, first_divergence=result.first_divergence,
             warnings=result.warnings,
+            extras=model_fields(s.stats, result.cost_model(), result.decode_speedups()[0], result.phase_table(),
+                                (result.oracle_draft_tokens, result.oracle_speedup) if result.oracle else None),
         )
         _write(args.report, render_report([("Run", fields)], summary))
     return 0
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from .report import feedback_fields, render_report
+    from .report import feedback_fields, model_fields, render_report
     from .sweep import format_sweep, run_sweep, sweep_steps
 
     cfg = build_sweep_config(args)
@@ -275,6 +328,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    if args.offload_warning:
+        result.warnings.insert(0, args.offload_warning)
     summary = format_sweep(result)
     data = result.to_dict()
     first = result.cells[0]
@@ -282,10 +337,12 @@ def _run_sweep(args: argparse.Namespace) -> int:
                                           key=lambda k: first.speculative[k].aggregate_tokens_per_second)
     if args.cpp_reference:
         fixed = best if isinstance(best, int) else max((k for k in first.speculative if isinstance(k, int)), default=7)
-        text, data["cpp_reference"] = _cpp_block(
-            args, cfg.target, cfg.spec, next(iter(cfg.workloads.values()))[0], first.max_tokens, fixed,
-            first.speculative[best].aggregate_tokens_per_second)
-        summary += "\n\n" + text + "\n  (first prompt of the first workload only; ours over the whole workload)"
+        prompts = next(iter(cfg.workloads.values()))
+        why = (f"ours ran {len(prompts)} prompts, C++ the first" if len(prompts) > 1
+               else None if fixed in first.speculative else "ours drafted an adaptive length only")
+        ours = first.speculative[fixed if fixed in first.speculative else best].runs[0]
+        text, data["cpp_reference"] = _cpp_block(args, cfg.target, cfg.spec, prompts[0], first.max_tokens, fixed,
+                                                 ours, cfg.ignore_eos, why)
     print(summary)
     if args.json:
         _write(args.json, json.dumps(data, indent=2))
@@ -315,6 +372,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
                 deterministic=cell.ordinary.deterministic and m.deterministic,
                 first_divergence=first_divergence(cell.ordinary.runs[0].output_tokens, m.runs[0].output_tokens),
                 warnings=result.warnings,
+                extras=model_fields(m.stats, cell.cost_model(), cell.decode_speedups()[0], cell.phase_table(),
+                                    cell.oracle_ceiling),
             )))
         _write(args.report, render_report(sections, summary))
     return 0

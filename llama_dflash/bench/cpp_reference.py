@@ -43,7 +43,9 @@ def parse_cpp_output(text: str) -> CppResult:
 
 def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_predict: int, draft_n_max: int,
                       draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int, threads: Optional[int],
-                      repack: bool, timeout: float = 1800) -> CppResult:
+                      repack: bool, ignore_eos: bool = False, timeout: float = 1800) -> CppResult:
+    """Run the C++ driver greedily on the same prompt text (passed raw: it tokenizes it itself, so
+    pass the chat-formatted text), n_predict, draft settings, threads and ignore-eos."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--cpp-reference {binary}: not an executable file")
     cmd = [binary, "-m", model, "-md", draft, "--spec-type", "draft-dflash", "-p", prompt,
@@ -52,6 +54,8 @@ def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_pre
            "--temp", "0", "--top-k", "1", "--repeat-penalty", "1", "-ngl", "99", "-ngld", "99"]
     if threads:
         cmd += ["-t", str(threads), "-td", str(threads)]
+    if ignore_eos:
+        cmd.append("--ignore-eos")
     if not repack:
         cmd.append("--no-repack")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

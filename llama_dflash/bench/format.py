@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 
+from typing import Any, Optional
+
+from .costmodel import PHASES, CostModel, speedup_line
 from .runner import BenchResult, ModeResult
 
-__all__ = ["format_header", "format_result"]
+__all__ = ["format_header", "format_result", "format_phases", "format_cost_model", "format_tau", "speedup_line"]
 
 
 def format_header(res: BenchResult) -> str:
@@ -22,6 +25,7 @@ def format_header(res: BenchResult) -> str:
         f", min={c.spec.draft_n_min}, p_min={c.spec.draft_p_min:g}",
         f"Backend sample : {'enabled' if c.spec.backend_sampling else 'disabled'}",
         f"Ignore EOG     : {c.ignore_eos}",
+        f"Backend        : {res.backend.summary() if res.backend is not None else 'unknown'}",
         "Limitations    : text-only, seq_id=0",
     ]
     return "\n".join(lines)
@@ -50,7 +54,7 @@ def format_result(res: BenchResult) -> str:
             f"  draft verified      : {s.verified} in {s.verification_steps} steps",
             f"  draft accepted      : {s.accepted} ({100 * s.acceptance_rate:.1f}%)",
             f"  accepted per slot   : {per_pos}",
-            f"  mean accepted length: {s.mean_accepted_length:.2f}",
+            *format_tau(s.tokens_per_step, s.accepted_per_step),
             f"  draft rollbacks     : {s.rollbacks} (native: {s.native_rollbacks})",
             f"  rollback mode       : {s.rollback_mode}"
             + (f" ({1000 * s.native_rollback_seconds:.2f} ms in native rollbacks)" if s.native_rollbacks else ""),
@@ -87,4 +91,51 @@ def format_result(res: BenchResult) -> str:
         f"  speedup             : {res.speedup:.3f}x",
         f"  throughput change   : {change:+.1f}%",
     ]
+    if res.oracle is not None:
+        o = res.oracle.stats
+        lines.append(f"  oracle ceiling      : {res.oracle_speedup:.3f}x at draft tokens {res.oracle_draft_tokens} "
+                     f"(measured: ordinary tokens as proposals, real draft cost; {100 * o.acceptance_rate:.1f}% accepted)")
+    lines += ["", *format_phases(res.phase_table())]
+    lines += ["", *format_cost_model(res.cost_model(), *res.decode_speedups())]
     return "\n".join(lines)
+
+
+def format_tau(tokens_per_step: float, accepted_per_step: float) -> list[str]:
+    """tau as the DFlash/DSpark papers report it, and the accepted drafts per step beside it."""
+    return [
+        f"  tokens per step (tau): {tokens_per_step:.2f}  (accepted drafts + the target's token, per verification)",
+        f"  accepted per step   : {accepted_per_step:.2f}  (draft tokens only)",
+    ]
+
+
+def format_phases(table: dict[str, Any]) -> list[str]:
+    """The per-phase cost table: one row per draft length, phases per step in ordinary decodes."""
+    unit = table["unit_seconds"]
+    head = "".join(f"{p:>9}" for p in (*PHASES, "total")) + f"{'tok/step':>9}"
+    out = [f"[per-step cost by phase, in ordinary decodes (1 = {1000 * unit:.2f} ms target decode+sync)]",
+           f"  {'k':>9}{head}"]
+    rows = [("ord.", table["ordinary"]), *table["draft_tokens"].items()]
+    for label, row in rows:
+        cells = "".join(f"{'-':>9}" if label == "ord." and p in ("draft", "inject", "rollback") else f"{row[p]:9.2f}"
+                        for p in (*PHASES, "total"))
+        out.append(f"  {label:>9}{cells}{row['tokens_per_step']:9.2f}")
+    return out
+
+
+def format_cost_model(model: CostModel, measured: dict[Any, float], oracle: Optional[dict[Any, float]] = None) -> list[str]:
+    """Predicted speedup of every draft length from measured costs and acceptance, beside what was measured."""
+    src = "timed in isolation" if model.costs_source == "probe" else "from the measured runs"
+    out = [f"[cost model: speedup = tau(k) x ordinary token cost / step cost; draft and verify costs {src}; "
+           "measured and oracle: decode loops, prefill excluded]",
+           f"  {'k':>5} {'tau(k)':>7} {'step':>6} {'predicted':>9} {'measured':>9} {'ceiling':>8} {'oracle':>7}"]
+    for p in model.predictions:
+        meas = measured.get(p.k)
+        orc = (oracle or {}).get(p.k)
+        out.append(f"  {p.k:>5} {p.tokens_per_step:7.2f} {p.step_cost:6.2f} {p.speedup:8.2f}x "
+                   f"{f'{meas:.2f}x' if meas is not None else '-':>9} {p.ceiling:7.2f}x "
+                   f"{f'{orc:.2f}x' if orc is not None else '-':>7}")
+    out.append("  (step: one step in ordinary tokens; ceiling: every draft token accepted, modelled; "
+               "oracle: the same, measured)")
+    out.append(f"  {speedup_line(model, measured)}")
+    out.append(f"  verdict             : {model.verdict}")
+    return out

@@ -12,8 +12,10 @@ from typing import Any, Optional
 
 from ..inspect import read_gguf
 from ..stats import SpecStats
+from .costmodel import PHASES, CostModel, speedup_line
 
-__all__ = ["system_facts", "feedback_fields", "render_report", "parse_report", "TEMPLATE_FIELDS"]
+__all__ = ["system_facts", "feedback_fields", "model_fields", "render_report", "parse_report", "TEMPLATE_FIELDS",
+           "EXTRA_FIELDS"]
 
 UNKNOWN = "unknown"
 
@@ -33,33 +35,14 @@ TEMPLATE_FIELDS = [
 
 
 def _gpu_facts() -> tuple[str, str, str]:
-    """(backend, gpu name, gpu memory) from llama.cpp's device list, when it can tell."""
+    """(backend, gpu, gpu memory) from llama.cpp's own device list (see `backend`)."""
     try:
-        from llama_cpp import llama_cpp as ll
+        from .backend import backend_info
 
-        info = ll.llama_print_system_info().decode("utf-8", errors="replace")
-    except Exception:  # noqa: BLE001
+        info = backend_info()
+    except Exception:  # noqa: BLE001 - a report must still be written
         return UNKNOWN, UNKNOWN, UNKNOWN
-    backend = "CPU"
-    for name in ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL"):
-        if f"{name} : " in info or f"{name.upper()} = 1" in info:
-            backend = name
-    gpu, mem = ("none", "none") if backend == "CPU" else (UNKNOWN, UNKNOWN)
-    try:
-        from llama_cpp import llama_cpp as ll  # ggml device enumeration, when bound
-
-        n = ll.ggml_backend_dev_count() if hasattr(ll, "ggml_backend_dev_count") else 0
-        for i in range(n):
-            dev = ll.ggml_backend_dev_get(i)
-            if ll.ggml_backend_dev_type(dev) != 0:  # not the CPU device
-                gpu = ll.ggml_backend_dev_description(dev).decode()
-                free, total = __import__("ctypes").c_size_t(), __import__("ctypes").c_size_t()
-                ll.ggml_backend_dev_memory(dev, free, total)
-                mem = f"{total.value / 2**30:.1f} GiB"
-                break
-    except Exception:  # noqa: BLE001 - the device API is optional
-        pass
-    return backend, gpu, mem
+    return info.name, info.gpu, info.gpu_memory
 
 
 def system_facts() -> dict[str, str]:
@@ -74,6 +57,33 @@ def system_facts() -> dict[str, str]:
         "GPU": gpu,
         "GPU memory": mem,
     }
+
+
+#: Fields beyond the template, written after it in every section.
+EXTRA_FIELDS = [
+    "Tokens per verification step (tau)", "Accepted drafts per verification step", "Predicted speedup",
+    "Cost model", "Oracle ceiling", "Per-step cost by phase",
+]
+
+
+def model_fields(stats: Optional[SpecStats], model: Optional[CostModel], measured: dict[Any, float],
+                 phases: Optional[dict[str, Any]], oracle: Optional[tuple[Any, float]]) -> dict[str, str]:
+    """tau, the cost model's prediction and verdict, the oracle ceiling and the phase table, as text."""
+    f: dict[str, str] = {}
+    if stats is not None:
+        f["Tokens per verification step (tau)"] = f"{stats.tokens_per_step:.2f} (accepted + 1)"
+        f["Accepted drafts per verification step"] = f"{stats.accepted_per_step:.2f}"
+    if model is not None:
+        f["Predicted speedup"] = speedup_line(model, measured)
+        f["Cost model"] = model.verdict
+    f["Oracle ceiling"] = (f"{oracle[1]:.3f}x at draft tokens {oracle[0]} (measured; every draft token right)"
+                           if oracle else "not measured (add --oracle)")
+    if phases:
+        unit = phases["unit_seconds"]
+        rows = [("ord.", phases["ordinary"]), *phases["draft_tokens"].items()]
+        f["Per-step cost by phase"] = f"in ordinary decodes ({1000 * unit:.2f} ms): " + "; ".join(
+            f"{k}: " + ", ".join(f"{p} {row[p]:.2f}" for p in (*PHASES, "total")) for k, row in rows)
+    return {k: f[k] for k in EXTRA_FIELDS if k in f}
 
 
 def _fmt_s(x: float) -> str:
@@ -100,8 +110,9 @@ def feedback_fields(
     deterministic: Optional[bool],
     first_divergence: Optional[int],
     warnings: list[str],
+    extras: Optional[dict[str, str]] = None,
 ) -> dict[str, str]:
-    """Every template field, as text."""
+    """Every template field, as text, then `extras` (see `model_fields`)."""
     t = read_gguf(model)
     d = read_gguf(draft_model)
     f = system_facts()
@@ -147,7 +158,7 @@ def feedback_fields(
         "none (outputs identical)" if first_divergence is None else f"generated token {first_divergence}"
     )
     f["Errors or warnings"] = "; ".join(w.replace("\n", " ") for w in warnings[:10]) or "none"
-    return {k: f.get(k, UNKNOWN) for k in TEMPLATE_FIELDS}
+    return {**{k: f.get(k, UNKNOWN) for k in TEMPLATE_FIELDS}, **(extras or {})}
 
 
 def render_report(sections: list[tuple[str, dict[str, str]]], summary: str) -> str:

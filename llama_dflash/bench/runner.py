@@ -16,8 +16,13 @@ from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..sampling import SamplingParams
 from ..stats import SpecStats
+from .backend import BackendInfo, backend_info
+from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
+from .oracle import oracle_proposals
+from .probe import probe_step_costs
 
-__all__ = ["BenchConfig", "RunResult", "ModeResult", "BenchResult", "run_benchmark", "first_divergence"]
+__all__ = ["BenchConfig", "RunResult", "ModeResult", "BenchResult", "run_benchmark", "first_divergence", "timed_run",
+           "run_oracle", "oracle_length"]
 
 
 @dataclass
@@ -30,6 +35,8 @@ class BenchConfig:
     runs: int = 3
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    oracle: bool = False  # also run the oracle (ordinary tokens as proposals, real draft cost)
+    probe: bool = True  # time verify/draft of every k in isolation for the cost model
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -48,6 +55,13 @@ class RunResult:
     tokens_per_second: float
     output_tokens: list[int]
     finish_reason: Optional[str]
+    accepted: Optional[int] = None  # draft tokens accepted in this run (speculative only)
+    drafted: Optional[int] = None
+    decode_seconds: Optional[float] = None  # prefill excluded (what llama.cpp's drivers report)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
 @dataclass
@@ -55,11 +69,17 @@ class ModeResult:
     name: str
     load_seconds: float = 0.0
     runs: list[RunResult] = field(default_factory=list)
-    stats: Optional[SpecStats] = None  # summed over measured runs (speculative only)
+    stats: Optional[SpecStats] = None  # summed over measured runs
 
     @property
     def aggregate_tokens_per_second(self) -> float:
         secs = sum(r.seconds for r in self.runs)
+        return sum(r.tokens for r in self.runs) / secs if secs > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens per second of the decode loops, prefill excluded (the cost model's terms)."""
+        secs = sum(r.decode_seconds or 0.0 for r in self.runs)
         return sum(r.tokens for r in self.runs) / secs if secs > 0 else 0.0
 
     @property
@@ -75,6 +95,7 @@ class ModeResult:
             "load_seconds": self.load_seconds,
             "runs": [asdict(r) for r in self.runs],
             "aggregate_tokens_per_second": self.aggregate_tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
             "median_tokens_per_second": self.median_tokens_per_second,
             "runs_deterministic": self.deterministic,
         }
@@ -92,6 +113,39 @@ class BenchResult:
     algorithm: str
     draft_n_max: int
     warnings: list[str] = field(default_factory=list)
+    oracle: Optional[ModeResult] = None
+    oracle_draft_tokens: Optional[int] = None
+    step_costs: Optional[StepCosts] = None
+    backend: Optional[BackendInfo] = None
+
+    def decode_speedups(self) -> tuple[dict[Any, float], dict[Any, float]]:
+        """Decode-loop speedups (prefill excluded) of the measured setting and of the oracle."""
+        base = self.ordinary.decode_tokens_per_second
+        k = "auto" if self.config.spec.adaptive else self.draft_n_max
+        spec = {k: self.speculative.decode_tokens_per_second / base} if base else {}
+        orc = ({self.oracle_draft_tokens: self.oracle.decode_tokens_per_second / base}
+               if base and self.oracle is not None else {})
+        return spec, orc
+
+    @property
+    def oracle_speedup(self) -> Optional[float]:
+        base = self.ordinary.aggregate_tokens_per_second
+        return self.oracle.aggregate_tokens_per_second / base if self.oracle is not None and base > 0 else None
+
+    @property
+    def measured_runs(self) -> dict[Any, SpecStats]:
+        """Draft length ("auto" or k) -> speculative statistics, for the cost tables."""
+        return {"auto" if self.config.spec.adaptive else self.draft_n_max: self.speculative.stats}
+
+    def phase_table(self) -> dict[str, Any]:
+        runs = dict(self.measured_runs)
+        if self.oracle is not None:
+            runs[f"oracle {self.oracle_draft_tokens}"] = self.oracle.stats
+        return phase_table(self.ordinary.stats, runs)
+
+    def cost_model(self) -> CostModel:
+        costs = self.step_costs or run_step_costs(self.measured_runs)
+        return build_cost_model(self.ordinary.stats, self.measured_runs, costs)
 
     @property
     def output_tokens_match(self) -> bool:
@@ -140,7 +194,14 @@ class BenchResult:
                 "runs_deterministic": self.runs_deterministic,
                 "first_divergence": self.first_divergence,
                 "speedup": self.speedup,
+                "oracle_speedup": self.oracle_speedup,
+                "oracle_draft_tokens": self.oracle_draft_tokens,
             },
+            "oracle": self.oracle.to_dict() if self.oracle is not None else None,
+            "phases": self.phase_table(),
+            "cost_model": cost_model_dict(self.cost_model(), *self.decode_speedups()),
+            "step_costs": asdict(self.step_costs) if self.step_costs is not None else None,
+            "backend": self.backend.to_dict() if self.backend is not None else None,
             "warnings": self.warnings,
         }
 
@@ -153,12 +214,17 @@ def first_divergence(a: list[int], b: list[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b)) + 1
 
 
-def _timed_run(decoder: Any, prompt: list[int], cfg: BenchConfig, max_tokens: int) -> tuple[RunResult, SpecStats]:
+def timed_run(decoder: Any, prompt: list[int], cfg: Any, max_tokens: int) -> tuple[RunResult, SpecStats]:
+    """One generation, timed; `cfg` has sampling and ignore_eos (a BenchConfig or SweepConfig)."""
     t0 = time.perf_counter()
     res = decoder.generate(prompt, max_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
     secs = time.perf_counter() - t0
-    n = len(res.tokens)
-    return RunResult(n, secs, n / secs if secs > 0 else 0.0, res.tokens, res.finish_reason), res.stats
+    n, s = len(res.tokens), res.stats
+    spec = isinstance(decoder, LlamaDFlashDecoding)
+    run = RunResult(n, secs, n / secs if secs > 0 else 0.0, res.tokens, res.finish_reason,
+                    accepted=s.accepted if spec else None, drafted=s.drafted if spec else None,
+                    decode_seconds=max(0.0, s.total_seconds - s.prefill_seconds))
+    return run, s
 
 
 def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = None) -> BenchResult:
@@ -187,29 +253,68 @@ def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = 
                 spec_dec.close()
         finally:
             model.close()
+    result.backend = backend_info()
     result.warnings = [str(w.message) for w in caught] + [f"llama.cpp {lvl}: {m}" for lvl, m in recent_log_messages()]
     return result
+
+
+def oracle_length(spec_dec: LlamaDFlashDecoding, stats: SpecStats) -> int:
+    """The fixed draft length the oracle runs at: the engine's, or under "auto" the length the
+    controller chose most (the oracle must not teach the shared controller a perfect draft)."""
+    if spec_dec.controller is None:
+        return spec_dec.draft_n_max
+    chosen = {int(k): v for k, v in stats.chosen_draft_tokens.items() if int(k) > 0}
+    return max(chosen, key=lambda k: (chosen[k], k)) if chosen else spec_dec.draft_n_max
+
+
+def run_oracle(spec_dec: LlamaDFlashDecoding, k: int, prompt: list[int], reference: list[int], cfg: Any,
+               max_tokens: int) -> tuple[RunResult, SpecStats]:
+    """One oracle generation at draft length k; the engine's draft length is restored after."""
+    before = "auto" if spec_dec.controller is not None else spec_dec.draft_n_max
+    spec_dec.set_draft_n_max(k)
+    try:
+        with oracle_proposals(spec_dec, len(prompt), reference):
+            return timed_run(spec_dec, prompt, cfg, max_tokens)
+    finally:
+        spec_dec.set_draft_n_max(before)
 
 
 def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashDecoding,
              ord_load: float, spec_load: float, note: Callable[[str], None]) -> BenchResult:
     prompt = ord_dec.tokenize(cfg.prompt)
-    ordinary = ModeResult("ordinary", load_seconds=ord_load)
+    ordinary = ModeResult("ordinary", load_seconds=ord_load, stats=SpecStats(algorithm="ordinary"))
     speculative = ModeResult(spec_dec.algorithm, load_seconds=spec_load, stats=SpecStats(
         algorithm=spec_dec.algorithm, draft_n_max=spec_dec.draft_n_max,
         backend_sampling_requested=cfg.spec.backend_sampling,
     ))
+    oracle: Optional[ModeResult] = None
+    oracle_k: Optional[int] = None
     if cfg.warmup_tokens:
         note("warm-up")
-        _timed_run(ord_dec, prompt, cfg, cfg.warmup_tokens)
-        _timed_run(spec_dec, prompt, cfg, cfg.warmup_tokens)
+        timed_run(ord_dec, prompt, cfg, cfg.warmup_tokens)
+        timed_run(spec_dec, prompt, cfg, cfg.warmup_tokens)
     for i in range(cfg.runs):
         note(f"run {i + 1}/{cfg.runs}: ordinary")
-        run, _ = _timed_run(ord_dec, prompt, cfg, cfg.max_tokens)
+        run, stats = timed_run(ord_dec, prompt, cfg, cfg.max_tokens)
         ordinary.runs.append(run)
+        ordinary.stats.merge(stats)
         note(f"run {i + 1}/{cfg.runs}: {spec_dec.algorithm}")
-        run, stats = _timed_run(spec_dec, prompt, cfg, cfg.max_tokens)
+        run, stats = timed_run(spec_dec, prompt, cfg, cfg.max_tokens)
         speculative.runs.append(run)
         speculative.stats.merge(stats)
         speculative.stats.backend_sampling_active |= stats.backend_sampling_active
-    return BenchResult(cfg, len(prompt), ordinary, speculative, spec_dec.algorithm, spec_dec.draft_n_max)
+        if cfg.oracle:
+            if oracle is None:
+                oracle_k = oracle_length(spec_dec, speculative.stats)
+                oracle = ModeResult("oracle", stats=SpecStats(algorithm=spec_dec.algorithm, draft_n_max=oracle_k))
+            note(f"run {i + 1}/{cfg.runs}: oracle")
+            run, stats = run_oracle(spec_dec, oracle_k, prompt, ordinary.runs[-1].output_tokens, cfg, cfg.max_tokens)
+            oracle.runs.append(run)
+            oracle.stats.merge(stats)
+    costs = None
+    if cfg.probe:
+        note("cost probe")
+        costs = probe_step_costs(spec_dec, prompt, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+                                 ordinary=ord_dec)
+    return BenchResult(cfg, len(prompt), ordinary, speculative, spec_dec.algorithm, spec_dec.draft_n_max,
+                       oracle=oracle, oracle_draft_tokens=oracle_k, step_costs=costs)

@@ -8,7 +8,7 @@ with the highest sustained throughput, not the highest acceptance.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 from .._llama import Model, recent_log_messages
@@ -16,7 +16,11 @@ from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..sampling import SamplingParams
 from ..stats import SpecStats
-from .runner import ModeResult, RunResult, first_divergence
+from .backend import BackendInfo, backend_info
+from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
+from .format import format_cost_model, format_phases
+from .probe import probe_step_costs
+from .runner import ModeResult, RunResult, timed_run, first_divergence, run_oracle
 
 __all__ = ["SweepConfig", "SweepCell", "SweepResult", "run_sweep", "format_sweep"]
 
@@ -32,6 +36,8 @@ class SweepConfig:
     warmup_tokens: int = 32
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    oracle: bool = False  # also run the oracle at every fixed draft length
+    probe: bool = True  # time verify/draft of every k in isolation for the cost model
 
     def __post_init__(self) -> None:
         if not self.workloads or any(not p for p in self.workloads.values()):
@@ -52,10 +58,46 @@ class SweepCell:
     max_tokens: int
     ordinary: ModeResult
     speculative: dict  # draft tokens actually used (int or "auto") -> result
+    oracle: dict = field(default_factory=dict)  # fixed draft length -> oracle result (--oracle)
+    step_costs: Optional[StepCosts] = None
 
     def speedup(self, k: int) -> float:
         base = self.ordinary.aggregate_tokens_per_second
         return self.speculative[k].aggregate_tokens_per_second / base if base else 0.0
+
+    def decode_speedups(self) -> tuple[dict[Any, float], dict[Any, float]]:
+        """Decode-loop speedups (prefill excluded) of every draft length and every oracle run."""
+        base = self.ordinary.decode_tokens_per_second
+        if not base:
+            return {}, {}
+        return ({k: m.decode_tokens_per_second / base for k, m in self.speculative.items()},
+                {k: m.decode_tokens_per_second / base for k, m in self.oracle.items()})
+
+    def oracle_speedup(self, k: Any) -> Optional[float]:
+        base = self.ordinary.aggregate_tokens_per_second
+        return self.oracle[k].aggregate_tokens_per_second / base if k in self.oracle and base else None
+
+    @property
+    def fastest_draft_tokens(self) -> Any:
+        return max(self.speculative, key=lambda k: self.speculative[k].aggregate_tokens_per_second)
+
+    @property
+    def oracle_ceiling(self) -> Optional[tuple[int, float]]:
+        """(k, oracle speedup) at the fastest fixed draft length that has an oracle run."""
+        fixed = [k for k in self.speculative if k in self.oracle]
+        if not fixed:
+            return None
+        k = max(fixed, key=lambda k: self.speculative[k].aggregate_tokens_per_second)
+        return k, self.oracle_speedup(k)
+
+    def phase_table(self) -> dict[str, Any]:
+        runs = {k: m.stats for k, m in self.speculative.items()}
+        runs.update({f"oracle {k}": m.stats for k, m in self.oracle.items()})
+        return phase_table(self.ordinary.stats, runs)
+
+    def cost_model(self) -> CostModel:
+        runs = {k: m.stats for k, m in self.speculative.items()}
+        return build_cost_model(self.ordinary.stats, runs, self.step_costs or run_step_costs(runs))
 
     @property
     def best_draft_tokens(self) -> Optional[int]:
@@ -82,6 +124,11 @@ class SweepCell:
                 for k, m in self.speculative.items()
             },
             "best_draft_tokens": self.best_draft_tokens,
+            "oracle": {str(k): {**m.to_dict(), "speedup": self.oracle_speedup(k)} for k, m in self.oracle.items()},
+            "oracle_ceiling": (dict(zip(("draft_tokens", "speedup"), self.oracle_ceiling))
+                               if self.oracle_ceiling else None),
+            "phases": self.phase_table(),
+            "cost_model": cost_model_dict(self.cost_model(), *self.decode_speedups()),
         }
 
 
@@ -92,6 +139,8 @@ class SweepResult:
     cells: list[SweepCell]
     load_seconds: float
     warnings: list[str] = field(default_factory=list)
+    step_costs: Optional[StepCosts] = None
+    backend: Optional[BackendInfo] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,27 +148,36 @@ class SweepResult:
             "model": self.config.target.model,
             "draft_model": self.config.spec.draft_model,
             "load_seconds": self.load_seconds,
+            "step_costs": asdict(self.step_costs) if self.step_costs is not None else None,
+            "backend": self.backend.to_dict() if self.backend is not None else None,
             "cells": [c.to_dict() for c in self.cells],
             "warnings": self.warnings,
         }
 
 
-def _run_prompts(decoder: Any, prompts: list[list[int]], max_tokens: int, cfg: SweepConfig,
-                 stats: Optional[SpecStats], tick: Callable[[], None]) -> RunResult:
+def _run_prompts(run_one: Callable[[int, list[int]], tuple[RunResult, SpecStats]], prompts: list[list[int]],
+                 stats: Optional[SpecStats], tick: Callable[[], None]) -> tuple[RunResult, list[list[int]]]:
+    """Every prompt once through run_one(index, prompt); the runs summed, and each prompt's tokens."""
     tokens: list[int] = []
-    seconds = 0.0
+    outputs: list[list[int]] = []
+    seconds = decode = 0.0
     finish = None
-    for prompt in prompts:
-        t0 = time.perf_counter()
-        res = decoder.generate(prompt, max_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
-        seconds += time.perf_counter() - t0
-        tokens += res.tokens
-        finish = res.finish_reason
+    accepted = drafted = None
+    for i, prompt in enumerate(prompts):
+        run, s = run_one(i, prompt)
+        seconds += run.seconds
+        decode += run.decode_seconds or 0.0
+        tokens += run.output_tokens
+        outputs.append(run.output_tokens)
+        finish = run.finish_reason
+        if run.accepted is not None:
+            accepted, drafted = (accepted or 0) + run.accepted, (drafted or 0) + (run.drafted or 0)
         if stats is not None:
-            stats.merge(res.stats)
+            stats.merge(s)
         tick()
     n = len(tokens)
-    return RunResult(n, seconds, n / seconds if seconds > 0 else 0.0, tokens, finish)
+    return RunResult(n, seconds, n / seconds if seconds > 0 else 0.0, tokens, finish, accepted=accepted,
+                     drafted=drafted, decode_seconds=decode), outputs
 
 
 def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
@@ -136,17 +194,25 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
                     OrdinaryDecoding(cfg.target, model=model) as ord_dec:
                 load = time.perf_counter() - t0
                 cells = _sweep(cfg, spec_dec, ord_dec, tick)
+                costs = None
+                if cfg.probe:
+                    first = ord_dec.tokenize(next(iter(cfg.workloads.values()))[0])
+                    costs = probe_step_costs(spec_dec, first, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+                                             ordinary=ord_dec)
+                for cell in cells:
+                    cell.step_costs = costs
                 algorithm = spec_dec.algorithm
         finally:
             model.close()
     warnings = [str(w.message) for w in caught] + [f"llama.cpp {lvl}: {m}" for lvl, m in recent_log_messages()]
-    return SweepResult(cfg, algorithm, cells, load, warnings)
+    return SweepResult(cfg, algorithm, cells, load, warnings, step_costs=costs, backend=backend_info())
 
 
 def sweep_steps(cfg: SweepConfig) -> int:
     """Number of generations a sweep runs (for a progress bar)."""
     n_prompts = sum(len(p) for p in cfg.workloads.values())
-    per_round = 1 + len(set(cfg.draft_tokens))
+    fixed = len({k for k in cfg.draft_tokens if k != "auto"}) if cfg.oracle else 0
+    per_round = 1 + len(set(cfg.draft_tokens)) + fixed
     warm = 2 if cfg.warmup_tokens else 0
     return n_prompts * len(cfg.max_tokens) * per_round * cfg.runs + warm
 
@@ -162,42 +228,63 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
         tick()
     # clamp once so that duplicates (e.g. 8 and 16 on a block of 8) are measured once
     ks = sorted({spec_dec.set_draft_n_max(k) for k in cfg.draft_tokens}, key=lambda k: (k == "auto", str(k).zfill(4)))
+    oracle_ks = [k for k in ks if k != "auto"] if cfg.oracle else []
     cells: list[SweepCell] = []
     for name, prompts in encoded.items():
         for max_tokens in cfg.max_tokens:
-            ordinary = ModeResult("ordinary")
+            ordinary = ModeResult("ordinary", stats=SpecStats(algorithm="ordinary"))
             spec = {k: ModeResult(spec_dec.algorithm, stats=SpecStats(algorithm=spec_dec.algorithm, draft_n_max=k))
                     for k in ks}
+            oracle = {k: ModeResult("oracle", stats=SpecStats(algorithm=spec_dec.algorithm, draft_n_max=k))
+                      for k in oracle_ks}
             for _ in range(cfg.runs):
-                ordinary.runs.append(_run_prompts(ord_dec, prompts, max_tokens, cfg, None, tick))
+                run, refs = _run_prompts(lambda i, p: timed_run(ord_dec, p, cfg, max_tokens), prompts,
+                                         ordinary.stats, tick)
+                ordinary.runs.append(run)
                 for k in ks:
                     spec_dec.set_draft_n_max(k)
-                    m = spec[k]
-                    m.runs.append(_run_prompts(spec_dec, prompts, max_tokens, cfg, m.stats, tick))
-            cells.append(SweepCell(name, max_tokens, ordinary, spec))
+                    spec[k].runs.append(_run_prompts(lambda i, p: timed_run(spec_dec, p, cfg, max_tokens),
+                                                     prompts, spec[k].stats, tick)[0])
+                for k in oracle_ks:
+                    oracle[k].runs.append(_run_prompts(
+                        lambda i, p, k=k: run_oracle(spec_dec, k, p, refs[i], cfg, max_tokens),
+                        prompts, oracle[k].stats, tick)[0])
+            cells.append(SweepCell(name, max_tokens, ordinary, spec, oracle))
     return cells
 
 
 def format_sweep(res: SweepResult) -> str:
     lines: list[str] = []
+    if res.backend is not None:
+        lines += [f"Backend        : {res.backend.summary()}", ""]
     for cell in res.cells:
         lines.append(f"[sweep: workload {cell.workload}, {cell.max_tokens} tokens, {res.config.runs} runs]")
         lines.append(f"  {'draft':>5} {'token/s':>9} {'median':>9} {'speedup':>8} {'accept':>7} "
-                     f"{'mean len':>8} {'rollbacks':>9}  match")
+                     f"{'tau':>5} {'acc/step':>8} {'rollbacks':>9} {'oracle':>7}  match")
         o = cell.ordinary
         lines.append(f"  {'ord.':>5} {o.aggregate_tokens_per_second:9.2f} {o.median_tokens_per_second:9.2f} "
-                     f"{1.0:8.3f} {'-':>7} {'-':>8} {'-':>9}  -")
+                     f"{1.0:8.3f} {'-':>7} {'-':>5} {'-':>8} {'-':>9} {'-':>7}  -")
         for k, m in cell.speculative.items():
             s = m.stats
+            orc = cell.oracle_speedup(k)
             lines.append(
                 f"  {k:>5} {m.aggregate_tokens_per_second:9.2f} {m.median_tokens_per_second:9.2f} "
-                f"{cell.speedup(k):8.3f} {100 * s.acceptance_rate:6.1f}% {s.mean_accepted_length:8.2f} "
-                f"{s.rollbacks:9d}  {cell.output_match(k)}"
+                f"{cell.speedup(k):8.3f} {100 * s.acceptance_rate:6.1f}% {s.tokens_per_step:5.2f} "
+                f"{s.accepted_per_step:8.2f} {s.rollbacks:9d} {f'{orc:.3f}' if orc is not None else '-':>7}  "
+                f"{cell.output_match(k)}"
             )
+        lines.append("  (tau: tokens per verification step = accepted + 1; acc/step: accepted drafts per step; "
+                     "oracle: speedup with every draft token right, measured)")
         best = cell.best_draft_tokens
         if best is None:
             lines.append("  best setting        : ordinary decoding (no draft length was faster)")
         else:
             lines.append(f"  best setting        : draft tokens {best} ({cell.speedup(best):.3f}x)")
-        lines.append("")
+        ceiling = cell.oracle_ceiling
+        if ceiling is not None:
+            k, x = ceiling
+            lines.append(f"  oracle ceiling      : {x:.3f}x at draft tokens {k} (fastest fixed draft length; "
+                         f"measured {cell.speedup(k):.3f}x)")
+        lines += ["", *format_phases(cell.phase_table()), ""]
+        lines += [*format_cost_model(cell.cost_model(), *cell.decode_speedups()), ""]
     return "\n".join(lines).rstrip()

@@ -80,3 +80,74 @@ def test_not_executable(tmp_path):
     os.chmod(f, 0o644)
     with pytest.raises(ValueError, match="not an executable file"):
         _run(str(f))
+
+
+def test_ignore_eos_is_passed_through(tmp_path):
+    binary, argv_file = _fake_binary(tmp_path)
+    _run(binary)
+    assert "--ignore-eos" not in argv_file.read_text().split("\n")
+    _run(binary, ignore_eos=True)
+    assert "--ignore-eos" in argv_file.read_text().split("\n")
+
+
+def test_bench_compares_the_same_tokens_with_the_cpp_driver(tmp_path, tiny_target, tiny_draft):
+    """The chat-formatted (here raw) prompt text, n_predict, draft length, threads and ignore-eos reach
+    the C++ driver; the block sets both sides' counts side by side and says whether they are identical."""
+    import json
+    import subprocess
+
+    binary, argv_file = _fake_binary(tmp_path)
+    out = tmp_path / "b.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llama_dflash.cli", "bench", "--model", tiny_target, "--draft-model", tiny_draft,
+         "--n-ctx", "256", "--n-batch", "64", "--n-ubatch", "64", "--raw-prompt", "--prompt", "the quick brown fox",
+         "--warmup-tokens", "0", "--max-tokens", "10", "--runs", "1", "--draft-tokens", "3", "--threads", "1",
+         "--ignore-eos", "--no-cost-probe", "--cpp-reference", binary, "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    argv = argv_file.read_text().split("\n")
+
+    def value(flag):
+        return argv[argv.index(flag) + 1]
+
+    assert value("-p") == "the quick brown fox" and value("-n") == "10" and value("--spec-draft-n-max") == "3"
+    assert value("-t") == "1" and value("-td") == "1" and "--ignore-eos" in argv
+    d = json.loads(out.read_text())
+    c = d["cpp_reference"]
+    ours = d["speculative"]["runs"][0]
+    assert c["ours"]["n_accept"] == ours["accepted"] and c["ours"]["n_drafted"] == ours["drafted"]
+    assert (c["n_accept"], c["n_drafted"]) == (5, 32)  # the recorded sample
+    assert c["accepted_identical"] is ((ours["accepted"], ours["drafted"]) == (5, 32))
+    assert c["threads"] == 1 and c["ignore_eos"] is True
+    text = proc.stdout
+    assert "[comparison: ours vs llama.cpp's C++ driver" in text
+    for row in ("token/s (decode)", "draft accepted", "draft proposed", "accepted identical"):
+        assert row in text
+
+
+def _cpp_binary():
+    path = os.environ.get("LLAMA_SPECULATIVE_SIMPLE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+        "llama-cpp-reference", "build", "bin", "llama-speculative-simple")
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_cpp_binary() is None, reason="llama-speculative-simple not built "
+                    "(run /work/shared/tools/build-cpp-reference.sh, or set LLAMA_SPECULATIVE_SIMPLE)")
+def test_cpp_driver_accepts_exactly_what_we_accept_on_smollm2(tmp_path):
+    """SmolLM2 with the shipped trained draft, greedy, --ignore-eos: identical accepted counts."""
+    import json
+    import subprocess
+
+    out = tmp_path / "b.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llama_dflash.cli", "bench", "--draft-tokens", "4", "--max-tokens", "96",
+         "--runs", "1", "--warmup-tokens", "0", "--ignore-eos", "--no-cost-probe", "--threads", "2",
+         "--cpp-reference", _cpp_binary(), "--json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(out.read_text())["cpp_reference"]
+    assert c["n_drafted"] > 0
+    assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (c["n_accept"], c["n_drafted"]), proc.stdout
+    assert c["accepted_identical"] is True
