@@ -208,22 +208,28 @@ class EventStream(Response):
 def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional[str] = None,
                allowed_hosts: Optional[Collection[str]] = None, max_body_bytes: int = 1 << 20,
                max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP, max_queue: int = 16,
-               request_timeout: float = 300.0, send_timeout: float = 30.0) -> FastAPI:
+               request_timeout: float = 300.0, send_timeout: float = 30.0,
+               close_model_on_shutdown: bool = False) -> FastAPI:
     """The app serving one `llama_dflash.highlevel.Llama` (anything with its methods works).
 
     `allowed_hosts`: Host header values accepted (None: any; see `guard.loopback_hosts`);
     `max_tokens_cap`: the largest max_tokens a request may ask (also the chat default);
     `max_queue`: requests that may wait while one runs (more get 503); `request_timeout`: seconds
     from arrival to the end of the reply; `send_timeout`: seconds a stream waits on a slow client.
-    The model is closed when the app shuts down (after the step in progress)."""
+    `close_model_on_shutdown`: close `llm` when the app shuts down, after the step in progress
+    (`app.state.runner.close()` does the same for a caller that owns the model)."""
     if max_tokens_cap < 1:
         raise ValueError("max_tokens_cap must be >= 1")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key must not be empty")
     runner = ModelRunner(llm, max_queue=max_queue, request_timeout=request_timeout)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
-        await asyncio.to_thread(runner.close)
+        runner.begin_shutdown()
+        if close_model_on_shutdown:
+            await asyncio.to_thread(runner.close)
 
     app = FastAPI(title="llama-dflash", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics = Metrics()

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                          allowed_hosts=loopback_hosts(args.port) if loopback else None,
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
                          max_queue=args.max_queue, request_timeout=args.request_timeout,
-                         send_timeout=args.send_timeout)
+                         send_timeout=args.send_timeout, close_model_on_shutdown=True)
     except BaseException:
         llm.close()
         raise

@@ -55,6 +55,9 @@ class Job:
                                       "(the server's --request-timeout)", code="timeout")
 
 
+_serving = threading.local()  # .job: the job a model thread is serving (several runners may share a model)
+
+
 def _watched(tokens: Iterator[int], job: Optional[Job]) -> Iterator[int]:
     """`tokens`, checking `job` before each one is handed on; closes `tokens` at the end."""
     try:
@@ -86,12 +89,11 @@ class ModelRunner:
         self._admitted = 0  # waiting or running
         self._count = threading.Lock()
         self._locks: dict[int, asyncio.Lock] = {}  # one per event loop (test clients may run several)
-        self._current: Optional[Job] = None  # the job the model thread is serving
         self._closed = False
         original = type(llm).generate.__get__(llm)  # the class's, not an earlier runner's wrapper
 
         def generate(*args: Any, **kwargs: Any) -> Iterator[int]:
-            return _watched(original(*args, **kwargs), self._current)
+            return _watched(original(*args, **kwargs), getattr(_serving, "job", None))
 
         llm.generate = generate  # instance attribute: llama-cpp-python calls self.generate
 
@@ -153,12 +155,12 @@ class ModelRunner:
     # ---- work on the model thread ---------------------------------------------------------------
     async def _on_model(self, job: Job, fn: Callable[[], Any]) -> Any:
         def task() -> Any:
-            self._current = job  # read when the completion code calls llm.generate
+            _serving.job = job  # read when the completion code calls llm.generate
             try:
                 job.check()
                 return fn()
             finally:
-                self._current = None
+                _serving.job = None
 
         try:
             future = self._thread.submit(task)

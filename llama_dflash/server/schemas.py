@@ -282,13 +282,16 @@ class ChatRequest(_Common):
         return kw
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def _param(loc: tuple[Any, ...]) -> Optional[str]:
     """`messages.0.content` from pydantic's location, without the union-member tags it inserts."""
     parts = []
     for item in loc:
         if isinstance(item, int):
             parts.append(str(item))
-        elif isinstance(item, str) and (not parts or item.isidentifier()) and item not in ("str", "int", "list"):
+        elif isinstance(item, str) and not (parts and ("[" in item or "-" in item or item in _TYPE_TAGS)):
             parts.append(item)
     return ".".join(parts) or None
 
