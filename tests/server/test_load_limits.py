@@ -135,3 +135,46 @@ def test_close_waits_for_the_running_step():
         assert got["r"].status_code == 503 and got["r"].json()["error"]["code"] == "shutting_down"
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 503
         assert c.get("/health").status_code == 200
+
+
+def test_stream_to_a_client_that_stops_reading_gives_the_model_back():
+    """A send that never completes (full socket buffers) ends the reply after send_timeout."""
+    import asyncio
+
+    app = create_app(SlowModel(step=0.001), send_timeout=0.3)
+    async def request(send, max_tokens: int) -> None:
+        body = json.dumps({"prompt": "x", "max_tokens": max_tokens, "stream": True}).encode()
+        delivered = False
+
+        async def receive():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the client is still there, just not reading
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                                              (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        await app(scope, receive, send)
+
+    async def main() -> list[int]:
+        sent: list[int] = []
+
+        async def stuck_send(message):
+            sent.append(message.get("status", 0))
+            if message["type"] == "http.response.body" and len(sent) > 3:
+                await asyncio.Event().wait()
+
+        async def quick_send(message):
+            sent.append(message.get("status", -1))
+
+        await asyncio.wait_for(request(stuck_send, 100000), 5)
+        await asyncio.sleep(0.2)  # the stream's generator is closed on the model thread, then the model is free
+        n = len(sent)
+        await asyncio.wait_for(request(quick_send, 3), 5)
+        return sent[n:]
+
+    assert asyncio.run(main())[0] == 200
