@@ -171,7 +171,8 @@ def test_stream_to_a_client_that_stops_reading_gives_the_model_back():
         async def quick_send(message):
             sent.append(message.get("status", -1))
 
-        await asyncio.wait_for(request(stuck_send, 100000), 5)
+        await asyncio.wait_for(request(stuck_send, 2000), 5)  # 2 s of tokens; stuck after 3 chunks
+        assert sent[0] == 200 and len(sent) == 4
         await asyncio.sleep(0.2)  # the stream's generator is closed on the model thread, then the model is free
         n = len(sent)
         await asyncio.wait_for(request(quick_send, 3), 5)
