@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from .defaults import DefaultModelMissing
 from .errors import DFlashError
 
 __all__ = ["main", "SUBCOMMANDS", "UsageError"]
@@ -67,7 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     try:
         return int(run(args) or 0)
-    except (DFlashError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (DFlashError, DefaultModelMissing, ValueError, FileNotFoundError, IsADirectoryError,
+            PermissionError) as exc:
         sys.stderr.write(f"llama-dflash {args.command}: error: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:

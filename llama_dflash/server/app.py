@@ -3,32 +3,42 @@
 
 Built on FastAPI directly rather than llama_cpp.server's app: that app loads its own
 `llama_cpp.Llama` from settings and validates responses against its TypedDicts, which would drop
-our per-response `speculative` statistics.  Request bodies are passed to
-`Llama.create_completion` / `create_chat_completion` with the same field names as the OpenAI API
-(and llama-cpp-python's extensions: top_k, min_p, repeat_penalty, seed).  One model, one lock:
-requests are served one at a time (an asyncio lock), streams hold it until they end
-or the client goes away.
+our per-response `speculative` statistics.  Request bodies are validated by the pydantic models
+in `schemas` and passed to `Llama.create_completion` / `create_chat_completion` with the OpenAI
+field names (and llama-cpp-python's extensions: top_k, min_p, repeat_penalty, grammar).
+
+Robustness: `guard.RequestGuard` checks Host, API key, Content-Type and body size; every error
+is an OpenAI-style JSON body with a 4xx status (a 5xx only for overload, shutdown or a bug);
+`runner.ModelRunner` serves one request at a time with a queue limit, per-request deadline and
+cancellation; a stream is a pure ASGI reply that reports a late error as an SSE `error` event,
+gives up on a client that stops reading, and closes its generator when the client goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
+import math
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator, Optional
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Callable, Collection, Optional
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["create_app", "Metrics"]
+from .errors import APIError, error_body
+from .guard import RequestGuard
+from .runner import Job, ModelRunner, RequestStopped
+from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
 
-_COMMON = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "max_tokens", "presence_penalty",
-           "frequency_penalty", "repeat_penalty", "logit_bias", "grammar")
-_COMPLETION = _COMMON + ("suffix", "echo", "logprobs")
-_CHAT = _COMMON + ("logprobs", "top_logprobs")
+__all__ = ["create_app", "Metrics", "DEFAULT_MAX_TOKENS_CAP"]
 
+DEFAULT_MAX_TOKENS_CAP = 2048
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def _json_default(obj: Any) -> Any:
@@ -39,8 +49,26 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
+def _finite(obj: Any) -> Any:
+    """`obj` with non-finite floats (a -inf logprob) as null: JSON has no NaN or Infinity."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    obj = _json_default(obj) if hasattr(obj, "item") else obj
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
+
+
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, default=_json_default)
+    try:
+        return json.dumps(obj, default=_json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False)
+
+
+def _json_response(obj: Any, status: int = 200) -> Response:
+    return Response(_dumps(obj), status_code=status, media_type="application/json")
+
 
 class Metrics:
     """Counters over all requests served, rendered in Prometheus text format."""
@@ -99,154 +127,190 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
-def _pick(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    kw = {k: body[k] for k in names if k in body and body[k] is not None}
-    if "logit_bias" in kw:
-        kw["logit_bias"] = {int(k): float(v) for k, v in kw["logit_bias"].items()}
-    if "grammar" in kw:  # GBNF text, as llama-cpp-python's server takes it
-        if not isinstance(kw["grammar"], str) or not kw["grammar"].strip():
-            raise HTTPException(status_code=400, detail="grammar must be a GBNF string")
-        from llama_cpp import LlamaGrammar
+def _as_api_error(exc: BaseException) -> Optional[APIError]:
+    """The client-facing error for what a completion raised; None for a bug (a 500)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):  # prompt too long, grammar llama.cpp cannot parse, mirostat, ...
+        return APIError(400, str(exc)[:1000], code="invalid_request")
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - llama-cpp-python depends on jinja2
+        TemplateError = ()  # type: ignore[assignment,misc]
+    if TemplateError and isinstance(exc, TemplateError):  # the chat template refused the messages
+        return APIError(400, f"the chat template refused the messages: {exc}"[:1000], param="messages",
+                        code="invalid_messages")
+    return None
 
-        kw["grammar"] = LlamaGrammar.from_string(kw["grammar"], verbose=False)
-    return kw
+
+async def _wait_disconnect(receive: Callable[[], Any], job: Job) -> None:
+    """Mark `job` cancelled when the client goes away (the body has been read already)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            job.cancelled.set()
+            return
 
 
-def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional[str] = None) -> FastAPI:
-    """The app serving one `llama_dflash.highlevel.Llama` (anything with its methods works)."""
-    app = FastAPI(title="llama-dflash")
-    # one model, one request at a time; waiting happens in the event loop, not in worker threads
-    # (blocked workers would starve the thread pool the lock holder needs)
-    locks: dict[int, asyncio.Lock] = {}
+class EventStream(Response):
+    """A server-sent-events reply, sent by its own ASGI `__call__`; owns `job` (the model) until it ends.
 
-    def get_lock() -> asyncio.Lock:
-        return locks.setdefault(id(asyncio.get_running_loop()), asyncio.Lock())
+    The first chunk was produced before this reply was created, so errors in the request are a
+    4xx; a later error is sent as an `error` event and the stream ends (no `[DONE]`).  A send
+    that blocks longer than `send_timeout` (a client that stopped reading) ends the reply."""
 
+    def __init__(self, runner: ModelRunner, job: Job, first: Any, encode: Callable[[Any], bytes],
+                 on_error: Callable[[], None], send_timeout: float):
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.runner = runner
+        self.job = job
+        self.first = first
+        self.encode = encode
+        self.on_error = on_error
+        self.send_timeout = send_timeout
+
+    async def _send(self, send: Callable[[dict], Any], message: dict[str, Any]) -> None:
+        timeout = max(0.5, min(self.send_timeout, self.job.remaining() + 1.0))
+        await asyncio.wait_for(send(message), timeout)
+
+    async def _body(self, send: Callable[[dict], Any], data: bytes) -> None:
+        await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
+
+    async def __call__(self, scope: dict, receive: Callable[[], Any], send: Callable[[dict], Any]) -> None:
+        watcher = asyncio.create_task(_wait_disconnect(receive, self.job))
+        try:
+            await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]})
+            chunk = self.first
+            failed = False
+            while chunk is not None:
+                await self._body(send, self.encode(chunk))
+                try:
+                    chunk = await self.runner.next_chunk(self.job)
+                except Exception as exc:  # noqa: BLE001 - reported in-band: the status line is gone
+                    failed = True
+                    self.on_error()
+                    err = _as_api_error(exc) or APIError(500, f"internal error ({type(exc).__name__})")
+                    if not self.job.cancelled.is_set():
+                        await self._body(send, f"event: error\ndata: {_dumps(err.body())}\n\n".encode())
+                    break
+            if not failed:
+                await self._body(send, b"data: [DONE]\n\n")
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except (asyncio.TimeoutError, OSError):
+            self.job.cancelled.set()  # the client stopped reading or is gone: the server drops the reply
+        finally:
+            watcher.cancel()
+            self.runner.release(self.job)
+
+
+def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional[str] = None,
+               allowed_hosts: Optional[Collection[str]] = None, max_body_bytes: int = 1 << 20,
+               max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP, max_queue: int = 16,
+               request_timeout: float = 300.0, send_timeout: float = 30.0,
+               close_model_on_shutdown: bool = False) -> FastAPI:
+    """The app serving one `llama_dflash.highlevel.Llama` (anything with its methods works).
+
+    `allowed_hosts`: Host header values accepted (None: any; see `guard.loopback_hosts`);
+    `max_tokens_cap`: the largest max_tokens a request may ask (also the chat default);
+    `max_queue`: requests that may wait while one runs (more get 503); `request_timeout`: seconds
+    from arrival to the end of the reply; `send_timeout`: seconds a stream waits on a slow client.
+    `close_model_on_shutdown`: close `llm` when the app shuts down, after the step in progress
+    (`app.state.runner.close()` does the same for a caller that owns the model)."""
+    if max_tokens_cap < 1:
+        raise ValueError("max_tokens_cap must be >= 1")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key must not be empty")
+    runner = ModelRunner(llm, max_queue=max_queue, request_timeout=request_timeout)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        runner.begin_shutdown()
+        if close_model_on_shutdown:
+            await asyncio.to_thread(runner.close)
+
+    app = FastAPI(title="llama-dflash", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics = Metrics()
     engine = getattr(llm, "engine", None)
     algorithm = "ordinary" if getattr(llm, "speculative", None) is None else getattr(engine, "algorithm", "dflash")
-    model_id = model_alias or getattr(llm, "model_path", "model")
+    model_id = model_alias or Path(str(getattr(llm, "model_path", "model"))).name
+    limits = Limits(n_vocab=int(llm.n_vocab()), max_tokens_cap=max_tokens_cap, n_ctx=int(llm.n_ctx()))
     app.state.metrics = metrics
     app.state.llm = llm
+    app.state.runner = runner
+    app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1/"):
-            auth = request.headers.get("authorization", "")
-            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not secrets.compare_digest(given.encode(), api_key.encode()):
-                return JSONResponse({"error": {"message": "invalid API key", "type": "invalid_request_error"}},
-                                    status_code=401)
-        return await call_next(request)
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError):
+        return _json_response(exc.body(), exc.status)
 
-    def run_blocking(fn, kwargs):
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException):
+        return _json_response(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError):
+        return _json_response(error_body(400, "invalid request: " + "; ".join(e.get("msg", "") for e in exc.errors())),
+                              400)
+
+    @app.exception_handler(Exception)
+    async def bug(_request: Request, exc: Exception):  # the traceback goes to the server's log
+        return _json_response(error_body(500, f"internal server error ({type(exc).__name__})"), 500)
+
+    def encode_chunk(chunk: dict[str, Any]) -> bytes:
+        chunk["model"] = model_id
+        if "speculative" in chunk:
+            metrics.record(chunk["speculative"])
+        return f"data: {_dumps(chunk)}\n\n".encode()
+
+    async def serve(request: Request, schema: type, fn: Callable[..., Any], default_max_tokens: int):
+        req = validate_request(schema, parse_json(await request.body()), limits)
+        kwargs = req.to_kwargs(default_max_tokens)
+        if req.grammar is not None:  # bounded by check_gbnf in the schema; llama.cpp parses it at generate()
+            from llama_cpp import LlamaGrammar
+
+            kwargs["grammar"] = LlamaGrammar.from_string(req.grammar, verbose=False)
+        job = await runner.acquire(generate_nothing=kwargs["max_tokens"] == 0)
+        handed_over = False
         try:
-            result = fn(**kwargs)
-        except Exception:
+            if await request.is_disconnected():  # gone while waiting in the queue: nothing to do
+                return Response(status_code=499)
+            if req.stream:
+                first = await runner.start_stream(job, fn, kwargs)
+                handed_over = True
+                return EventStream(runner, job, first, encode_chunk, metrics.error, send_timeout)
+            watcher = asyncio.create_task(_wait_disconnect(request.receive, job))
+            try:
+                result = await runner.call(job, fn, kwargs)
+            finally:
+                watcher.cancel()
+        except Exception as exc:
             metrics.error()
-            raise
+            err = _as_api_error(exc)
+            if err is None:
+                raise
+            raise err from None
+        finally:
+            if not handed_over:
+                runner.release(job)
         metrics.record(result.get("speculative", {}))
         result["model"] = model_id
-        return result
-
-    def produce(fn, kwargs) -> Iterator[bytes]:
-        chunks = fn(**kwargs)
-        try:
-            for chunk in chunks:
-                chunk["model"] = model_id
-                if "speculative" in chunk:
-                    metrics.record(chunk["speculative"])
-                yield f"data: {_dumps(chunk)}\n\n".encode()
-            yield b"data: [DONE]\n\n"
-        except Exception as exc:  # noqa: BLE001 - report in-band, the status line is gone
-            metrics.error()
-            yield f"data: {json.dumps({'error': {'message': str(exc)}})}\n\n".encode()
-        finally:
-            chunks.close()
-
-    async def stream_locked(fn, kwargs) -> AsyncIterator[bytes]:
-        """Drive the (blocking) stream in worker threads; the model lock is held from the first
-        chunk until the stream is finished or the client is gone.  Cleanup runs in a thread: it
-        waits for a step still running, closes the generator (rewinding the caches) and unlocks."""
-        lock = get_lock()
-        await lock.acquire()
-        loop = asyncio.get_running_loop()
-        state: dict[str, Any] = {"it": None}
-        step_lock = threading.Lock()
-
-        def step() -> Optional[bytes]:
-            with step_lock:
-                if state["it"] is None:
-                    state["it"] = produce(fn, kwargs)
-                return next(state["it"], None)
-
-        def cleanup() -> None:
-            try:
-                with step_lock:
-                    if state["it"] is not None:
-                        state["it"].close()
-            finally:
-                loop.call_soon_threadsafe(lock.release)
-
-        try:
-            while True:
-                item = await asyncio.to_thread(step)
-                if item is None:
-                    break
-                yield item
-        finally:
-            threading.Thread(target=cleanup, name="llama-dflash-stream-cleanup", daemon=True).start()
-
-    async def serve(fn, kwargs, stream: bool):
-        if stream:
-            return StreamingResponse(stream_locked(fn, kwargs), media_type="text/event-stream")
-        try:
-            lock = get_lock()
-            await lock.acquire()
-            # the lock is released when the work is done, even if this request is cancelled
-            future = asyncio.get_running_loop().run_in_executor(None, run_blocking, fn, kwargs)
-            future.add_done_callback(lambda _f: lock.release())
-            result = await asyncio.shield(future)
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail=str(exc)) from exc
-        return Response(_dumps(result), media_type="application/json")
-
-    async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail="the body must be JSON") from exc
-        if not isinstance(body, dict):
-            raise HTTPException(status_code=400, detail="the body must be a JSON object")
-        return body
+        return _json_response(result)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await body_of(request)
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise HTTPException(status_code=400, detail="one prompt per request")
-            prompt = prompt[0]
-        kwargs = _pick(body, _COMPLETION)
-        stream = bool(body.get("stream", False))
-        kwargs.update(prompt=prompt, stream=stream)
-        return await serve(llm.create_completion, kwargs, stream)
+        return await serve(request, CompletionRequest, llm.create_completion,
+                           min(COMPLETION_DEFAULT_MAX_TOKENS, max_tokens_cap))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await body_of(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise HTTPException(status_code=400, detail="messages must be a non-empty list")
-        kwargs = _pick(body, _CHAT)
-        stream = bool(body.get("stream", False))
-        kwargs.update(messages=messages, stream=stream)
-        return await serve(llm.create_chat_completion, kwargs, stream)
+        return await serve(request, ChatRequest, llm.create_chat_completion, max_tokens_cap)
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "owned_by": "me",
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "owned_by": "llama-dflash",
                                              "created": int(time.time())}]}
 
     @app.get("/health")

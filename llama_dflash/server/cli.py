@@ -1,6 +1,9 @@
 """Serve a target (with an optional DFlash/DSpark draft) over an OpenAI-compatible HTTP API.
 
 `llama-dflash serve --model T [--draft-model D] [--host 127.0.0.1 --port 8000 --api-key K]`
+
+Shutdown (SIGTERM/SIGINT) stops accepting requests, stops running generations at their next
+token, and closes the model after the step in progress has returned.
 """
 
 from __future__ import annotations
@@ -10,8 +13,24 @@ import os
 import sys
 
 from ..bench.cli import draft_tokens_arg
+from .app import DEFAULT_MAX_TOKENS_CAP
 
 __all__ = ["configure", "run"]
+
+
+def _positive(kind: type, zero: bool = False):
+    """argparse type: a finite number > 0 (>= 0 with zero=True)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value == value or value in (float("inf"), float("-inf")) or value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}: {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +46,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("LLAMA_DFLASH_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on /v1/* (env LLAMA_DFLASH_API_KEY)")
+                        help="require 'Authorization: Bearer KEY' on every path but /health "
+                             "(env LLAMA_DFLASH_API_KEY; an empty key is refused)")
+    parser.add_argument("--max-tokens-cap", type=_positive(int), default=DEFAULT_MAX_TOKENS_CAP,
+                        help="largest max_tokens a request may ask, and the chat default (default %(default)s)")
+    parser.add_argument("--max-queue", type=_positive(int, zero=True), default=16,
+                        help="requests that may wait while one runs; more get 503 (default %(default)s)")
+    parser.add_argument("--request-timeout", type=_positive(float), default=300.0,
+                        help="seconds from a request's arrival to the end of its reply (default %(default)s)")
+    parser.add_argument("--send-timeout", type=_positive(float), default=30.0,
+                        help="seconds a stream waits on a client that stopped reading (default %(default)s)")
+    parser.add_argument("--max-body-bytes", type=_positive(int), default=1 << 20,
+                        help="largest request body; larger gets 413 (default %(default)s)")
     parser.add_argument("--n-ctx", type=int, default=2048)
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--n-threads", type=int, default=None)
@@ -44,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from ..defaults import random_draft_for, smollm2_path
     from ..highlevel import Llama
     from .app import create_app
+    from .guard import LOOPBACK, loopback_hosts
 
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key must not be empty (omit it to serve without a key on loopback)")
     model = args.model or smollm2_path()
     draft = args.draft_model or (random_draft_for(model) if args.random_draft else None)
     spec = None
@@ -54,14 +87,32 @@ def run(args: argparse.Namespace) -> int:
     llm = Llama(model, speculative=spec, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 verbose=args.verbose)
-    app = create_app(llm, api_key=args.api_key, model_alias=args.model_alias)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+    loopback = args.host in LOOPBACK
+    try:
+        app = create_app(llm, api_key=args.api_key, model_alias=args.model_alias,
+                         allowed_hosts=loopback_hosts(args.port) if loopback else None,
+                         max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
+                         max_queue=args.max_queue, request_timeout=args.request_timeout,
+                         send_timeout=args.send_timeout, close_model_on_shutdown=True)
+    except BaseException:
+        llm.close()
+        raise
+    runner = app.state.runner
+    if not loopback and not args.api_key:
         sys.stderr.write(f"warning: serving on {args.host} without --api-key\n")
-    sys.stderr.write(f"llama-dflash serve: {'speculative' if spec else 'ordinary'} decoding of {model} "
+    sys.stderr.write(f"llama-dflash serve: {'speculative' if spec else 'ordinary'} decoding of {os.path.basename(model)} "
                      f"on http://{args.host}:{args.port}\n")
     sys.stderr.flush()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # signal handler: stop generations at the next token
+            runner.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
+                            timeout_graceful_shutdown=max(1, int(args.send_timeout)))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+        Server(config).run()
     finally:
-        llm.close()
+        runner.close()  # after the step in progress (a no-op if the app's shutdown did it)
     return 0

@@ -152,7 +152,8 @@ def test_early_closed_stream_then_correct(server, reference):
 
 def test_metrics(server):
     _post(server, "/v1/completions", {"prompt": "a b", "max_tokens": 4, "temperature": 0})
-    r = requests.get(server + "/metrics", timeout=10)
+    assert requests.get(server + "/metrics", timeout=10).status_code == 401  # the key is needed here too
+    r = requests.get(server + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     values = {}
     for line in r.text.splitlines():
