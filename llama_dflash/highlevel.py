@@ -47,6 +47,7 @@ from ._llama import Context, Model, cpu_has_amx, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
+from .grammar_limits import check_gbnf
 from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
 from .proposer import DFlashProposer
 from .rewind import is_recurrent_model, make_rewinder
@@ -123,14 +124,18 @@ def _check_lora(path: Optional[str]) -> None:
             raise ValueError(f"LoRA adapter {path} is not a GGUF file")
 
 
-def _check_grammar(grammar: Any) -> None:
+def _check_grammar(grammar: Any, vocab: int) -> None:
+    """Bounded (llama.cpp's recursive parser overflows on deep nesting) and parseable (llama-cpp-
+    python adds a NULL sampler to its chain for a grammar llama.cpp refuses: a segfault)."""
     text = getattr(grammar, "_grammar", None)
-    if isinstance(text, str):
-        try:
-            from .grammar_limits import check_gbnf
-        except ImportError:  # pragma: no cover - older checkouts
-            return
-        check_gbnf(text)
+    if not isinstance(text, str):
+        raise ValueError("grammar must be a llama_cpp.LlamaGrammar")
+    check_gbnf(text)
+    root = str(getattr(grammar, "_root", "root"))
+    sampler = ll.llama_sampler_init_grammar(vocab, text.encode("utf-8"), root.encode("utf-8"))
+    if not sampler:
+        raise ValueError("llama.cpp could not parse the grammar")
+    ll.llama_sampler_free(sampler)
 
 
 class Llama(llama_cpp.Llama):
@@ -306,7 +311,7 @@ class Llama(llama_cpp.Llama):
         `idx` (default n_tokens - 1) is found among the last decode's outputs."""
         _check_sampling(kwargs)
         if kwargs.get("grammar") is not None:
-            _check_grammar(kwargs["grammar"])
+            _check_grammar(kwargs["grammar"], self._model.vocab)
         if self._speculator is None:
             if self.n_tokens <= 0:
                 raise ValueError("sample() needs evaluated tokens: call eval() first")
@@ -323,7 +328,7 @@ class Llama(llama_cpp.Llama):
         """llama_cpp.Llama.generate, with statistics in `last_stats`."""
         _check_sampling(kwargs)
         if kwargs.get("grammar") is not None:
-            _check_grammar(kwargs["grammar"])
+            _check_grammar(kwargs["grammar"], self._model.vocab)
         bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._n_vocab - 1})")

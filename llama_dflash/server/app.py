@@ -116,6 +116,9 @@ class Metrics:
                 ("decode_seconds_total", "counter", "Seconds spent generating", self.decode_seconds),
                 ("acceptance_rate", "gauge", "Accepted / verified draft tokens", acc),
                 ("mean_accepted_length", "gauge", "Accepted draft tokens per verification step", mal),
+                ("tokens_per_step", "gauge",
+                 "tau: tokens per verification step (accepted drafts + the target's token)",
+                 1.0 + mal if self.verification_steps else 0.0),
                 ("tokens_per_second", "gauge", "Generated tokens per generation second", tps),
             ]
         out = []

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if draft:
         spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min,
                           rollback=args.rollback)
-    llm = Llama(model, speculative=spec, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
+    llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 verbose=args.verbose)
     loopback = args.host in LOOPBACK

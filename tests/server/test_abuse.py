@@ -29,7 +29,7 @@ GBNF = 'root ::= ("the" | "a" | "dog") (" " ("the" | "a" | "dog"))*'
 
 @pytest.fixture(scope="module")
 def llm(tiny_target, tiny_draft):
-    model = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), n_ctx=256, n_batch=64,
+    model = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), logits_all=True, n_ctx=256, n_batch=64,
                   n_ubatch=64, n_threads=1)
     yield model
     model.close()
@@ -44,7 +44,7 @@ def client(llm):
 
 @pytest.fixture(scope="module")
 def expected(tiny_target):
-    ref = Llama(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    ref = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
     try:
         yield ref.create_completion(CHECK["prompt"], max_tokens=8, temperature=0)["choices"][0]["text"]
     finally:

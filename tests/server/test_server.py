@@ -59,7 +59,7 @@ def server(tiny_target, tiny_draft):
 
 @pytest.fixture(scope="module")
 def reference(tiny_target):
-    llm = Llama(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    llm = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
     yield llm
     llm.close()
 
@@ -177,7 +177,7 @@ def test_metrics_label_ordinary(tiny_target):
     from llama_dflash.server.app import create_app
     from starlette.testclient import TestClient
 
-    llm = Llama(tiny_target, n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    llm = Llama(tiny_target, logits_all=True, n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
     try:
         client = TestClient(create_app(llm))
         r = client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "temperature": 0})
