@@ -101,8 +101,13 @@ class Dist:
         return [float(x) for x in out]
 
     def close(self) -> None:
+        """Leave the group together: a rank that tears gloo down while another still talks to
+        it aborts ("terminate called without an active exception")."""
         if self.active and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            try:
+                torch.distributed.barrier()
+            finally:
+                torch.distributed.destroy_process_group()
 
 
 def init_distributed(device_name: str = "auto", timeout_minutes: float = 180.0) -> Dist:
