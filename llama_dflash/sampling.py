@@ -26,7 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 from llama_cpp import llama_cpp as ll
+
+from .target import float_view
 
 __all__ = ["SamplingParams", "Sampler", "RANDOM_SEED"]
 
@@ -96,6 +99,12 @@ class Sampler:
 
     def __init__(self, params: Optional[SamplingParams] = None, *, n_vocab: int, banned: Sequence[int] = ()):
         self.params = p = params or SamplingParams()
+        # plain greedy (no penalties, nothing banned) is the row's first maximum, which is all
+        # llama.cpp's greedy sampler computes -- read straight from its buffer, no candidate array
+        no_penalty = p.penalty_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
+                                                and p.presence_penalty == 0.0)
+        self._argmax = p.greedy and no_penalty and not banned
+        self._n_vocab = n_vocab
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if not chain:
             raise MemoryError("llama_sampler_chain_init failed")
@@ -131,6 +140,10 @@ class Sampler:
         """Sample batch row i of the context's last decode and accept it into the chain."""
         if self._chain is None:
             raise RuntimeError("Sampler is closed")
+        if self._argmax:
+            ptr = ll.llama_get_logits_ith(ctx, i)
+            if ptr:
+                return int(np.argmax(float_view(ptr, (self._n_vocab,))))
         return int(ll.llama_sampler_sample(self._chain, ctx, i))
 
     def close(self) -> None:
