@@ -99,11 +99,13 @@ class Sampler:
 
     def __init__(self, params: Optional[SamplingParams] = None, *, n_vocab: int, banned: Sequence[int] = ()):
         self.params = p = params or SamplingParams()
-        # plain greedy (no penalties, nothing banned) is the row's first maximum, which is all
-        # llama.cpp's greedy sampler computes -- read straight from its buffer, no candidate array
+        # plain greedy (no penalties) is the row's first maximum, which is all llama.cpp's greedy
+        # sampler computes -- read straight from its buffer, no candidate array; only when that
+        # maximum is a banned token does the chain (with its -inf bias) decide
         no_penalty = p.penalty_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
                                                 and p.presence_penalty == 0.0)
-        self._argmax = p.greedy and no_penalty and not banned
+        self._argmax = p.greedy and no_penalty
+        self._banned = frozenset(int(t) for t in banned)  # the argmax path falls back to the chain
         self._n_vocab = n_vocab
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if not chain:
@@ -143,7 +145,9 @@ class Sampler:
         if self._argmax:
             ptr = ll.llama_get_logits_ith(ctx, i)
             if ptr:
-                return int(np.argmax(float_view(ptr, (self._n_vocab,))))
+                tok = int(np.argmax(float_view(ptr, (self._n_vocab,))))
+                if tok not in self._banned:
+                    return tok
         return int(ll.llama_sampler_sample(self._chain, ctx, i))
 
     def close(self) -> None:
