@@ -23,6 +23,7 @@ from .target import TargetContext
 
 __all__ = [
     "GenerationState", "DraftController", "prefill", "ordinary_generate", "speculative_generate", "check_prompt",
+    "check_token_ids",
 ]
 
 
@@ -48,15 +49,20 @@ class GenerationState:
     n_past: int = 0  # target/draft cache positions that are valid
 
 
+def check_token_ids(tokens: Sequence[int], n_vocab: int) -> None:
+    """Ids outside the vocabulary make llama.cpp fail mid-batch (or abort): refuse them first."""
+    bad = next((t for t in tokens if not 0 <= int(t) < n_vocab), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+
+
 def check_prompt(prompt: Sequence[int], n_ctx: int, n_vocab: Optional[int] = None) -> None:
     if len(prompt) == 0:
         raise ValueError("the prompt must contain at least one token")
     if len(prompt) > n_ctx:
         raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context size n_ctx={n_ctx}")
     if n_vocab is not None:
-        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        check_token_ids(prompt, n_vocab)
 
 
 def prefill(

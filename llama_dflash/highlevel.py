@@ -47,6 +47,7 @@ from ._llama import Context, Model, cpu_has_amx, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
+from .generate import check_token_ids
 from .grammar_limits import check_gbnf
 from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
 from .proposer import DFlashProposer
@@ -176,6 +177,7 @@ class Llama(llama_cpp.Llama):
         self._last_sampled: Optional[int] = None
         self._generation = 0
         self._prefilling = False
+        self._checked_grammar: Any = None
         if speculative is not None:
             try:
                 self._attach(speculative)
@@ -242,10 +244,7 @@ class Llama(llama_cpp.Llama):
         if spec is None:
             return super().eval(tokens)
         tokens = [int(t) for t in tokens]
-        n_vocab = self._n_vocab
-        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        check_token_ids(tokens, self._n_vocab)
         if self.n_tokens + len(tokens) > self._n_ctx:
             raise ValueError(f"{self.n_tokens + len(tokens)} tokens do not fit the context (n_ctx={self._n_ctx})")
         spec.commit(self.n_tokens)
@@ -304,14 +303,21 @@ class Llama(llama_cpp.Llama):
             self._speculator.rewinder.reset()
             self._speculator.clear()
 
+    def _check_call(self, kwargs: dict[str, Any]) -> None:
+        """Sampling arguments llama.cpp would crash on.  `generate` calls `sample` once per token
+        with the same grammar: it is parsed once per grammar object, not per token."""
+        _check_sampling(kwargs)
+        grammar = kwargs.get("grammar")
+        if grammar is not None and grammar is not self._checked_grammar:
+            _check_grammar(grammar, self._model.vocab)
+            self._checked_grammar = grammar
+
     # ---- sampling: rows addressed from the last decode, as the reference does ---------------------
     def sample(self, *args: Any, idx: Optional[int] = None, **kwargs: Any) -> int:
         """As llama_cpp.Llama.sample.  With a draft attached, the last decode may hold rows past
         `n_tokens` (a generation that ended inside a verified block): the row of position
         `idx` (default n_tokens - 1) is found among the last decode's outputs."""
-        _check_sampling(kwargs)
-        if kwargs.get("grammar") is not None:
-            _check_grammar(kwargs["grammar"], self._model.vocab)
+        self._check_call(kwargs)
         if self._speculator is None:
             if self.n_tokens <= 0:
                 raise ValueError("sample() needs evaluated tokens: call eval() first")
@@ -326,12 +332,8 @@ class Llama(llama_cpp.Llama):
     # ---- generation ---------------------------------------------------------------------------------
     def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:  # type: ignore[override]
         """llama_cpp.Llama.generate, with statistics in `last_stats`."""
-        _check_sampling(kwargs)
-        if kwargs.get("grammar") is not None:
-            _check_grammar(kwargs["grammar"], self._model.vocab)
-        bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._n_vocab - 1})")
+        self._check_call(kwargs)
+        check_token_ids(tokens, self._n_vocab)
         return self._generate(list(tokens), args, kwargs)
 
     def _generate(self, tokens: list[int], args: tuple, kwargs: dict) -> Iterator[int]:
@@ -342,10 +344,7 @@ class Llama(llama_cpp.Llama):
         stats.prompt_tokens = len(tokens)
         self.last_stats = stats
         if spec is not None:
-            spec.stats = spec.draft.stats = stats
-            if spec.controller is not None:
-                spec.controller.stats = stats
-            spec.rewinder.stats = stats
+            spec.use_stats(stats)
         self._last_sampled = None
         self._generation += 1
         self._prefilling = True

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
+from ._llama import _Handle
 from .target import float_view
 
 __all__ = ["SamplingParams", "Sampler", "RANDOM_SEED"]
@@ -90,7 +91,7 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-class Sampler:
+class Sampler(_Handle):
     """Owns one llama.cpp sampler chain; `sample(ctx, i)` picks the token of batch row i.
 
     `banned` tokens get a logit bias of -inf (``ignore_eos``: end-of-generation tokens can never
@@ -98,6 +99,7 @@ class Sampler:
     """
 
     def __init__(self, params: Optional[SamplingParams] = None, *, n_vocab: int, banned: Sequence[int] = ()):
+        super().__init__()
         self.params = p = params or SamplingParams()
         # plain greedy (no penalties) is the row's first maximum, which is all llama.cpp's greedy
         # sampler computes -- read straight from its buffer, no candidate array; only when that
@@ -110,14 +112,12 @@ class Sampler:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if not chain:
             raise MemoryError("llama_sampler_chain_init failed")
-        self._chain: Optional[int] = chain
-        self._keep: list[object] = []  # ctypes buffers the chain's samplers point into
+        self._ptr = chain
         if banned:
             bias = (ll.llama_logit_bias * len(banned))()
             for i, tok in enumerate(banned):
                 bias[i].token = int(tok)
                 bias[i].bias = -math.inf
-            self._keep.append(bias)
             self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(banned), bias))
         self._add(ll.llama_sampler_init_penalties(n_vocab, p.penalty_last_n, p.repeat_penalty,
                                                   p.frequency_penalty, p.presence_penalty))
@@ -136,34 +136,19 @@ class Sampler:
         if not sampler:
             self.close()
             raise MemoryError("llama.cpp could not create a sampler")
-        ll.llama_sampler_chain_add(self._chain, sampler)
+        ll.llama_sampler_chain_add(self._ptr, sampler)
+
+    def _free(self, ptr: int) -> None:
+        ll.llama_sampler_free(ptr)  # frees the samplers the chain owns
 
     def sample(self, ctx: int, i: int) -> int:
         """Sample batch row i of the context's last decode and accept it into the chain."""
-        if self._chain is None:
-            raise RuntimeError("Sampler is closed")
+        chain = self.ptr  # RuntimeError once closed
         if self._argmax:
             ptr = ll.llama_get_logits_ith(ctx, i)
             if ptr:
                 tok = int(np.argmax(float_view(ptr, (self._n_vocab,))))
                 if tok not in self._banned:
                     return tok
-        return int(ll.llama_sampler_sample(self._chain, ctx, i))
-
-    def close(self) -> None:
-        chain, self._chain = getattr(self, "_chain", None), None
-        if chain:
-            ll.llama_sampler_free(chain)  # frees the samplers the chain owns
-
-    def __enter__(self) -> "Sampler":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass
+        return int(ll.llama_sampler_sample(chain, ctx, i))
 

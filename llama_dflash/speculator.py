@@ -141,6 +141,12 @@ class Speculator:
         self.proposer.clear()
         self.draft_end = 0
 
+    def use_stats(self, stats: SpecStats) -> None:
+        """Count the next generation into `stats` (every part that records anything)."""
+        self.stats = self.draft.stats = self.rewinder.stats = stats
+        if self.controller is not None:
+            self.controller.stats = stats
+
     def use_proposer(self, proposer: Proposer) -> None:
         """Propose with another proposer over the same draft cache (e.g. a ScriptedProposer)."""
         self.proposer = proposer

@@ -15,7 +15,7 @@ from ._llama import BatchExt, Context, Model
 from .config import TargetConfig
 from .errors import LlamaCallError
 
-__all__ = ["TargetContext", "default_threads", "ctypes_float_ptr", "embd_struct", "float_view", "FLASH_ATTN_TYPES"]
+__all__ = ["TargetContext", "default_threads", "float_view", "FLASH_ATTN_TYPES"]
 
 #: TargetConfig.flash_attn -> llama.cpp's llama_flash_attn_type
 FLASH_ATTN_TYPES = {
@@ -153,14 +153,4 @@ class TargetContext:
 
     def clear(self) -> None:
         self.ctx.clear()
-
-
-def ctypes_float_ptr(arr: np.ndarray, row: int) -> "ctypes._Pointer[ctypes.c_float]":
-    """Pointer to row `row` of a C-contiguous float32 2-D array."""
-    base = arr.ctypes.data + row * arr.strides[0]
-    return ctypes.cast(base, ctypes.POINTER(ctypes.c_float))
-
-
-def embd_struct(arr: np.ndarray, row: int) -> "ll.llama_embd":
-    return ll.llama_embd(ctypes_float_ptr(arr, row), 1, arr.shape[1])
 
