@@ -302,8 +302,7 @@ class DFlashProposer:
         n_min apply to the full block's tokens, then the result is cut to n (llama.cpp's order).
         """
         n = min(n, self.n_max)
-        if n <= 0 or self.p_min >= 1.0:
-            # p_min 1 drafts nothing, even where a confidence or probability saturates to 1.0
+        if n <= 0:
             return []
         n_block = self.block_tokens(n_past)
         if n_block < (1 if self.anchor_first else 2):
@@ -363,12 +362,13 @@ class DFlashProposer:
         conf = None
         dspark = self.info.algorithm == "dspark"
         if dspark and self.p_min > 0:
-            conf = ext.llama_get_embeddings_nextn(self.ctx.ptr)
-            if conf is None:
-                raise LlamaCallError("the DSpark draft produced no confidences (llama_get_embeddings_nextn)")
+            # a NULL pointer (falsy, never None, from ctypes) means no confidences: llama.cpp's
+            # driver then drafts without the filter, and so do we
+            conf = ext.llama_get_embeddings_nextn(self.ctx.ptr) or None
         tokens: list[int] = []
         with_prob = not dspark and self.p_min > 0
         for i in range(first, n_block):
+            # strict `<` as llama.cpp: p_min 1.0 keeps slots whose confidence/probability is exactly 1.0
             if conf is not None and conf[i * self.n_embd] < self.p_min:
                 break
             tok, prob = self._top_token(i, with_prob)

@@ -202,13 +202,47 @@ def test_confidence_values_spread(tiny_config, dspark_drafts, reference):
     assert conf.max() - conf.min() > 1e-3
 
 
-def test_p_min_one_drafts_nothing(tiny_config, dspark_drafts, reference):
+def test_p_min_one_keeps_saturated_slots(tiny_config, dspark_drafts, reference):
+    """p_min 1.0 is a strict `<` as in llama.cpp's driver: slots whose confidence is exactly 1.0
+    (float32 saturation) are still drafted, the rest cut; output unchanged."""
     prompt, ref = reference
-    with _engine(tiny_config, dspark_drafts["conf_anchor"], draft_p_min=1.0) as eng:
+    with _engine(tiny_config, dspark_drafts["conf_anchor"], draft_n_max=BLOCK, draft_p_min=1.0,
+                 backend_sampling=False) as eng:
+        p = eng._dflash
+        id_last, n_past = _prefilled(eng, prompt)
+        rows, conf = _raw_block(p, id_last, n_past, BLOCK)
+        expect = 0
+        while expect < BLOCK and conf[expect] >= 1.0:
+            expect += 1
+        assert expect > 0, "the fixture should saturate its first confidence"
+        greedy = [int(np.argmax(rows[i])) for i in range(BLOCK)]
+        assert p.propose(id_last, n_past, BLOCK) == greedy[:expect]
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
         assert res.tokens == ref
-        assert res.stats.drafted == 0 and res.stats.accepted == 0
+        assert res.stats.drafted > 0
         assert eng.target.pos_max() == eng._dflash.pos_max()
+
+
+def test_missing_confidences_skip_the_filter(tiny_config, dspark_drafts, reference, monkeypatch):
+    """A NULL confidence pointer (ctypes gives a falsy pointer, not None) drafts unfiltered, as
+    llama.cpp's driver does, instead of raising "NULL pointer access"."""
+    import ctypes
+
+    from llama_dflash import _bindings as ext
+    from llama_dflash import proposer as proposer_mod
+
+    prompt, ref = reference
+    with _engine(tiny_config, dspark_drafts["conf_anchor"], draft_n_max=BLOCK, backend_sampling=False) as eng:
+        p = eng._dflash
+        id_last, n_past = _prefilled(eng, prompt)
+        unfiltered = p.propose(id_last, n_past, BLOCK)
+        assert len(unfiltered) == BLOCK
+        monkeypatch.setattr(proposer_mod.ext, "llama_get_embeddings_nextn",
+                            lambda ctx: ctypes.POINTER(ctypes.c_float)())
+        assert ext is proposer_mod.ext
+        p.p_min = 0.999999
+        assert p.propose(id_last, n_past, BLOCK) == unfiltered
+        assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
 
 
 def test_p_min_without_confidence_head_is_clear_error(tiny_config, dspark_drafts):
