@@ -237,23 +237,34 @@ def _cpp_block(args: argparse.Namespace, target: TargetConfig, spec: SpecConfig,
                             ignore_eos=ignore_eos)
     our_tps = ours.decode_tokens_per_second
     ratio = our_tps / cpp.tokens_per_second if cpp.tokens_per_second else 0.0
-    identical = None if not_comparable else (ours.accepted == cpp.n_accept and ours.drafted == cpp.n_drafted)
+    budget = cpp.within_budget(max_tokens) if cpp.steps else None
+    cpp_accept, cpp_drafted = (budget.accepted, budget.drafted) if budget else (cpp.n_accept, cpp.n_drafted)
+    identical = None if not_comparable else (ours.accepted == cpp_accept and ours.drafted == cpp_drafted)
     verdict = f"not compared ({not_comparable})" if not_comparable else ("yes" if identical else "NO")
-    text = "\n".join([
+    lines = [
         f"[comparison: ours vs llama.cpp's C++ driver (llama-speculative-simple), draft tokens {draft_n_max}, "
         f"{threads} threads, ignore-eos {ignore_eos}]",
         f"  {'':20}{'ours':>14}{'C++':>14}",
         f"  {'decoded tokens':20}{ours.tokens:>14}{cpp.decoded_tokens:>14}",
         f"  {'token/s (decode)':20}{our_tps:>14.2f}{cpp.tokens_per_second:>14.2f}",
-        f"  {'draft accepted':20}{ours.accepted!s:>14}{cpp.n_accept:>14}",
-        f"  {'draft proposed':20}{ours.drafted!s:>14}{cpp.n_drafted:>14}",
-        f"  accepted identical  : {verdict}",
-        f"  ours / C++          : {ratio:.3f}x (decode rates, prompt processing excluded on both sides)",
-    ])
-    return text, {**cpp.__dict__, "acceptance_rate": cpp.acceptance_rate, "ours_over_cpp": ratio,
-                  "ours": {"decoded_tokens": ours.tokens, "tokens_per_second": our_tps, "n_accept": ours.accepted,
-                           "n_drafted": ours.drafted},
-                  "threads": threads, "ignore_eos": ignore_eos, "accepted_identical": identical}
+        f"  {'draft accepted':20}{ours.accepted!s:>14}{cpp_accept:>14}",
+        f"  {'draft proposed':20}{ours.drafted!s:>14}{cpp_drafted:>14}",
+    ]
+    if budget and budget.excluded_steps:
+        lines.append(f"  (C++ within the {max_tokens}-token budget; its driver also ran {budget.excluded_steps} step(s) "
+                     f"at the end, drafting {budget.excluded_drafted} more: it decodes past n_predict and reads a draft "
+                     f"cap of 0 as no cap; totals {cpp.n_accept} accepted / {cpp.n_drafted} proposed)")
+    elif not budget:
+        lines.append("  (no per-step log from the C++ driver: its totals are compared as they are)")
+    lines += [f"  accepted identical  : {verdict}",
+              f"  ours / C++          : {ratio:.3f}x (decode rates, prompt processing excluded on both sides)"]
+    data = {**cpp.__dict__, "acceptance_rate": cpp.acceptance_rate, "ours_over_cpp": ratio,
+            "ours": {"decoded_tokens": ours.tokens, "tokens_per_second": our_tps, "n_accept": ours.accepted,
+                     "n_drafted": ours.drafted},
+            "within_budget": None if budget is None else {**budget.__dict__, "n_predict": max_tokens},
+            "threads": threads, "ignore_eos": ignore_eos, "accepted_identical": identical}
+    data.pop("steps")
+    return "\n".join(lines), data
 
 
 def _warn_offload(args: argparse.Namespace) -> Optional[str]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["CppResult", "parse_cpp_output", "run_cpp_reference"]
+__all__ = ["BudgetCounts", "CppResult", "parse_cpp_output", "run_cpp_reference"]
 
 
 @dataclass
@@ -21,14 +21,45 @@ class CppResult:
     tokens_per_second: float
     n_drafted: int
     n_accept: int
+    #: (accepted, drafted) of every verification step, from the driver's debug log (empty without it)
+    steps: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
         return self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
+    def within_budget(self, n_predict: int) -> "BudgetCounts":
+        """The driver's counts over the steps ours also takes with a budget of n_predict tokens.
+
+        The driver caps each draft at `n_predict - n - 1` (n: tokens so far), as we do, but two
+        things differ at the end: it runs until it has MORE than n_predict tokens (one step past
+        the budget), and a cap of 0 reaches llama.cpp's speculative layer as "no limit"
+        (common/speculative.cpp truncates only when n_max > 0), so the step at n_predict - 1 drafts
+        a full block where ours decodes one plain token.  Those steps are left out here."""
+        accepted = drafted = excluded = excluded_drafted = 0
+        n = 0
+        for a, d in self.steps:
+            if n >= n_predict or (d > 0 and n_predict - n - 1 <= 0):
+                excluded += 1
+                excluded_drafted += d
+            else:
+                accepted += a
+                drafted += d
+            n += a + 1
+        return BudgetCounts(accepted, drafted, excluded, excluded_drafted)
+
+
+@dataclass(frozen=True)
+class BudgetCounts:
+    accepted: int
+    drafted: int
+    excluded_steps: int  # steps past the budget, or whose cap of 0 llama.cpp read as no cap
+    excluded_drafted: int
+
 
 _DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds, speed:\s+([\d.]+)\s+t/s")
 _FIELD = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
+_STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
 def parse_cpp_output(text: str) -> CppResult:
@@ -37,15 +68,19 @@ def parse_cpp_output(text: str) -> CppResult:
     if not m:
         raise ValueError("llama-speculative-simple output has no 'decoded N tokens in S seconds' line")
     fields = dict((k, int(v)) for k, v in _FIELD.findall(text))
+    steps = [(int(a), int(d)) for a, d in _STEP.findall(text)]
     return CppResult(int(m.group(1)), float(m.group(2)), float(m.group(3)),
-                     fields.get("n_drafted", 0), fields.get("n_accept", 0))
+                     fields.get("n_drafted", 0), fields.get("n_accept", 0), steps)
 
 
 def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_predict: int, draft_n_max: int,
                       draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int, threads: Optional[int],
                       repack: bool, ignore_eos: bool = False, timeout: float = 1800) -> CppResult:
     """Run the C++ driver greedily on the same prompt text (passed raw: it tokenizes it itself, so
-    pass the chat-formatted text), n_predict, draft settings, threads and ignore-eos."""
+    pass the chat-formatted text), n_predict, draft settings, threads and ignore-eos.
+
+    It runs twice: once with its debug log for the per-step counts (`CppResult.steps`), once
+    without it for the timing (the log costs the driver ~6% of its speed)."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--cpp-reference {binary}: not an executable file")
     cmd = [binary, "-m", model, "-md", draft, "--spec-type", "draft-dflash", "-p", prompt,
@@ -58,6 +93,13 @@ def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_pre
         cmd.append("--ignore-eos")
     if not repack:
         cmd.append("--no-repack")
+    counted = _run_binary(cmd + ["-lv", "5"], timeout)
+    timed = _run_binary(cmd, timeout)
+    timed.steps = counted.steps
+    return timed
+
+
+def _run_binary(cmd: list[str], timeout: float) -> CppResult:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

@@ -148,6 +148,7 @@ def test_cpp_driver_accepts_exactly_what_we_accept_on_smollm2(tmp_path):
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     c = json.loads(out.read_text())["cpp_reference"]
-    assert c["n_drafted"] > 0
-    assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (c["n_accept"], c["n_drafted"]), proc.stdout
+    budget = c["within_budget"]
+    assert budget["drafted"] > 0 and budget["n_predict"] == 96
+    assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (budget["accepted"], budget["drafted"]), proc.stdout
     assert c["accepted_identical"] is True
