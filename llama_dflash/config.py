@@ -34,7 +34,10 @@ class SpecConfig:
     draft_n_max: int | str = 7  # or "auto": adaptive length, the draft's block as the ceiling
     draft_n_min: int = 0
     draft_p_min: float = 0.0
-    backend_sampling: bool = True
+    # the draft's top candidates picked by a top-k sampler inside its graph: True, False, or "auto"
+    # (only where the draft runs on a GPU: on the CPU reading the rows costs less, 2.1 vs 3.1 ms per
+    # 5-row block of the default draft, bench/draft_cost.py)
+    backend_sampling: bool | str = "auto"
     draft_n_gpu_layers: int = -1
     draft_n_threads: Optional[int] = None
     # recurrent/hybrid targets: "auto", "native" (n_rs_seq snapshots) or "checkpoint" (see rewind)
@@ -64,8 +67,8 @@ class SpecConfig:
         if not 0.0 <= float(self.draft_p_min) <= 1.0:
             raise ValueError(f"draft_p_min must be in [0, 1], not {self.draft_p_min}")
         self.draft_p_min = float(self.draft_p_min)
-        if not isinstance(self.backend_sampling, bool):
-            raise ValueError(f"backend_sampling must be True or False, not {self.backend_sampling!r}")
+        if not isinstance(self.backend_sampling, bool) and self.backend_sampling != "auto":
+            raise ValueError(f"backend_sampling must be True, False or 'auto', not {self.backend_sampling!r}")
         _check_int("draft_n_gpu_layers", self.draft_n_gpu_layers, -1)
         if self.rollback not in ROLLBACK_MODES:
             raise ValueError(f"rollback must be one of {', '.join(ROLLBACK_MODES)}, not {self.rollback!r}")

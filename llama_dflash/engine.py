@@ -229,7 +229,7 @@ class LlamaDFlashDecoding(_Decoder):
             algorithm=self.algorithm,
             draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else self.draft_info.max_draft_tokens,
             adaptive=getattr(self, "controller", None) is not None,
-            backend_sampling_requested=self.spec.backend_sampling,
+            backend_sampling_requested=self.spec.backend_sampling is not False,
             backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
         )
 

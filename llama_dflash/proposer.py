@@ -54,6 +54,17 @@ log = logging.getLogger("llama_dflash")
 _reported_fallbacks: set[str] = set()
 
 
+def _backend_sampling_choice(spec: SpecConfig, info: DraftInfo) -> tuple[bool, Optional[str]]:
+    """Whether to attach the top-k chain to the draft context, and if not, why not."""
+    if spec.backend_sampling is False:
+        return False, "not requested"
+    if info.is_dflash2:
+        return False, "DFlash2 drafts read their selector lattice, not candidates"
+    if spec.backend_sampling == "auto" and not (ll.llama_supports_gpu_offload() and spec.draft_n_gpu_layers != 0):
+        return False, "auto: the draft runs on the CPU, where reading its rows costs less than a top-k in its graph"
+    return True, None
+
+
 def _report_fallback(reason: str) -> None:
     """Log (once per reason per process) why backend candidate sampling is not used."""
     if reason in _reported_fallbacks:
@@ -121,7 +132,7 @@ class DFlashProposer:
         params.n_threads_batch = threads
         params.no_perf = True
         params.ctx_other = target.ctx.ptr
-        want_backend = spec.backend_sampling and not info.is_dflash2
+        want_backend, not_used = _backend_sampling_choice(spec, info)
         if want_backend:
             # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
             params.n_outputs_max_per_seq = info.block_size
@@ -132,12 +143,11 @@ class DFlashProposer:
             raise
         self._chain = None
         self.backend_sampling_active = False
-        self.backend_sampling_reason = "not requested" if not spec.backend_sampling else None
+        self.backend_sampling_reason = not_used
         if want_backend:
             self._attach_backend_sampler()
-        elif spec.backend_sampling:
-            self.backend_sampling_reason = "DFlash2 drafts read their selector lattice, not candidates"
-            _report_fallback(self.backend_sampling_reason)
+        elif spec.backend_sampling is True:
+            _report_fallback(not_used)
         self.batch = BatchExt(self.ctx)
         self.inject_batch = BatchExt(self.ctx)
         ll.llama_set_causal_attn(self.ctx.ptr, info.causal_attention)

@@ -65,7 +65,7 @@ def test_on_off_identical(tiny_config, drafts, reference, kind, n_draft, p_min):
 
 def test_repeated_runs_identical(tiny_config, drafts, reference):
     prompt, ref = reference
-    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dspark"], draft_n_max=6)) as eng:
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dspark"], draft_n_max=6, backend_sampling=True)) as eng:
         a = eng.generate(prompt, N_TOKENS, ignore_eos=True)
         b = eng.generate(prompt, N_TOKENS, ignore_eos=True)
         assert a.tokens == b.tokens == ref
@@ -75,7 +75,7 @@ def test_repeated_runs_identical(tiny_config, drafts, reference):
 
 def test_every_accepted_length_with_backend_sampling(tiny_config, drafts, reference):
     prompt, ref = reference
-    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=5)) as eng:
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=5, backend_sampling=True)) as eng:
         assert eng._dflash.backend_sampling_active
         check_every_accepted_length(eng, prompt, ref, 5)
 
@@ -85,10 +85,10 @@ def test_refused_attach_falls_back_and_logs_once(tiny_config, drafts, reference,
     monkeypatch.setattr(ll, "llama_set_sampler", lambda ctx, seq, smpl: False)
     with caplog.at_level(logging.WARNING, logger="llama_dflash"):
         with pytest.warns(RuntimeWarning, match="CPU path"):
-            res, _, active = _run(tiny_config, drafts["dspark"], prompt, draft_n_max=4)
+            res, _, active = _run(tiny_config, drafts["dspark"], prompt, draft_n_max=4, backend_sampling=True)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # reported once: no second warning
-            res2, _, _ = _run(tiny_config, drafts["dspark"], prompt, draft_n_max=4)
+            res2, _, _ = _run(tiny_config, drafts["dspark"], prompt, draft_n_max=4, backend_sampling=True)
     assert not active
     assert res.tokens == ref and res2.tokens == ref
     assert res.stats.backend_sampling_requested and not res.stats.backend_sampling_active
@@ -100,7 +100,8 @@ def test_missing_results_at_run_time_fall_back(tiny_config, drafts, reference, m
     prompt, ref = reference
     monkeypatch.setattr(ll, "llama_get_sampled_candidates_ith", lambda ctx, i: None)
     with pytest.warns(RuntimeWarning, match="no sampled candidates"):
-        with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=4)) as eng:
+        with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=4,
+                                                         backend_sampling=True)) as eng:
             assert eng._dflash.backend_sampling_active
             res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
             assert res.tokens == ref
@@ -119,7 +120,7 @@ def test_chain_detached_and_freed_before_context(tiny_config, drafts, monkeypatc
     monkeypatch.setattr(ll, "llama_set_sampler", lambda c, s, smpl: calls.append(("set", smpl is None)) or real_set(c, s, smpl))
     monkeypatch.setattr(ll, "llama_sampler_free", lambda smpl: calls.append(("free",)) or real_free(smpl))
     monkeypatch.setattr(ll, "llama_free", lambda c: calls.append(("ctx_free",)) or real_ctx_free(c))
-    eng = LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=3))
+    eng = LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=3, backend_sampling=True))
     p = eng._dflash
     assert p.backend_sampling_active and p._chain is not None
     calls.clear()
@@ -133,8 +134,30 @@ def test_chain_detached_and_freed_before_context(tiny_config, drafts, monkeypatc
 
 def test_closing_the_context_directly_detaches(tiny_config, drafts):
     """Whoever frees the draft context (here: the context handle itself), the chain goes first."""
-    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=3)) as eng:
+    with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=3, backend_sampling=True)) as eng:
         p = eng._dflash
         assert p._chain is not None
         p.ctx.close()
         assert p._chain is None and not p.backend_sampling_active
+
+
+@pytest.mark.parametrize("gpu,ngl,attached", [(False, -1, False), (True, -1, True), (True, 0, False)])
+def test_auto_attaches_only_where_the_draft_runs_on_a_gpu(tiny_config, drafts, reference, monkeypatch,
+                                                          fresh_reports, gpu, ngl, attached):
+    """The default ("auto"): on the CPU reading the draft's rows costs less than a top-k in its
+    graph (bench/draft_cost.py: 2.1 vs 3.1 ms per block of the default draft), so the chain is
+    attached only on a GPU build with the draft offloaded; no warning either way, same blocks."""
+    prompt, ref = reference
+    monkeypatch.setattr(ll, "llama_supports_gpu_offload", lambda: gpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res, blocks, active = _run(tiny_config, drafts["dflash"], prompt, draft_n_max=4, draft_n_gpu_layers=ngl)
+    assert active is attached
+    assert res.stats.backend_sampling_requested and res.stats.backend_sampling_active is attached
+    assert res.tokens == ref
+    off, off_blocks, _ = _run(tiny_config, drafts["dflash"], prompt, draft_n_max=4, backend_sampling=False)
+    assert blocks == off_blocks and res.stats.drafted == off.stats.drafted > 0
+
+
+def test_auto_is_the_default():
+    assert SpecConfig("d.gguf").backend_sampling == "auto"

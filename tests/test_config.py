@@ -11,7 +11,7 @@ from llama_dflash import SpecConfig, TargetConfig
     ({"draft_n_min": 5, "draft_n_max": 3}, "must not exceed draft_n_max"),
     ({"draft_p_min": -0.1}, "draft_p_min must be in [0, 1]"),
     ({"draft_p_min": "high"}, "draft_p_min must be a number"),
-    ({"backend_sampling": "yes"}, "backend_sampling must be True or False"),
+    ({"backend_sampling": "yes"}, "backend_sampling must be True, False or 'auto'"),
     ({"draft_n_threads": 0}, "draft_n_threads must be >= 1"),
     ({"draft_n_gpu_layers": -2}, "draft_n_gpu_layers must be >= -1"),
 ])
@@ -38,4 +38,4 @@ def test_target_config_rejects(kwargs, needle):
 
 def test_defaults_are_valid():
     s = SpecConfig("d.gguf")
-    assert (s.algorithm, s.draft_n_max, s.draft_p_min, s.backend_sampling) == ("auto", 7, 0.0, True)
+    assert (s.algorithm, s.draft_n_max, s.draft_p_min, s.backend_sampling) == ("auto", 7, 0.0, "auto")

@@ -39,7 +39,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "controller picks the length every step from measured costs and acceptance")
     d.add_argument("--draft-n-min", type=int, default=0)
     d.add_argument("--draft-p-min", type=float, default=0.0)
-    d.add_argument("--no-backend-sampling", action="store_true")
+    d.add_argument("--backend-sampling", choices=("auto", "on", "off"), default="auto",
+                   help="pick the draft's candidates with a top-k sampler in its graph: on, off, or auto "
+                        "(the default: only where the draft runs on a GPU)")
+    d.add_argument("--no-backend-sampling", dest="backend_sampling", action="store_const", const="off",
+                   help="the same as --backend-sampling off")
     d.add_argument("--rollback", choices=("auto", "native", "checkpoint"), default="auto",
                    help="recurrent/hybrid targets: recurrent-snapshot rollback (n_rs_seq) or "
                         "checkpoint/restore/replay; auto picks native where the architecture has it")
@@ -154,7 +158,8 @@ def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
                           flash_attn=args.flash_attn)
     spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_tokens,
                       draft_n_min=args.draft_n_min, draft_p_min=args.draft_p_min,
-                      backend_sampling=not args.no_backend_sampling, rollback=args.rollback)
+                      backend_sampling={"on": True, "off": False}.get(args.backend_sampling, "auto"),
+                      rollback=args.rollback)
     return target, spec
 
 

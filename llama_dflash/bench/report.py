@@ -100,7 +100,7 @@ def feedback_fields(
     n_ubatch: int,
     draft_n_max: Any,
     draft_p_min: float,
-    backend_sampling: bool,
+    backend_sampling: "bool | str",
     ignore_eos: bool,
     workload: str,
     generated_tokens: int,

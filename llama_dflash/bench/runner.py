@@ -285,7 +285,7 @@ def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashD
     ordinary = ModeResult("ordinary", load_seconds=ord_load, stats=SpecStats(algorithm="ordinary"))
     speculative = ModeResult(spec_dec.algorithm, load_seconds=spec_load, stats=SpecStats(
         algorithm=spec_dec.algorithm, draft_n_max=spec_dec.draft_n_max,
-        backend_sampling_requested=cfg.spec.backend_sampling,
+        backend_sampling_requested=cfg.spec.backend_sampling is not False,
     ))
     oracle: Optional[ModeResult] = None
     oracle_k: Optional[int] = None
