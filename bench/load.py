@@ -16,6 +16,12 @@ errors, wrong answers, 503s from a full queue (reported apart: --max-queue below
 count makes them by design) and the server's resident memory before and after; --json PATH
 writes the same as JSON.  Exit status 1 when anything was wrong or failed, 0 otherwise.
 Standard library only (threads and http.client), so nothing beyond the server's extra is needed.
+
+The draft length is fixed (--draft-tokens 4) by default.  With quantized weights, llama.cpp's
+logits for a row of a multi-token batch can differ in the last bits from a single-token decode,
+and at a near-tie that changes even a greedy token; `--draft-tokens auto` chooses lengths from
+measured timings, so its batch shapes -- and then such a token -- can change from one run to the
+next, and the reference check would report it as a wrong answer.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ class Reply:
     finish_reason: Optional[str] = None
     completion_tokens: Optional[int] = None
     latency: float = 0.0
-    first_chunk: Optional[float] = None  # streams: seconds to the first data event
+    first_chunk: Optional[float] = None  # streams: seconds to the first event with text (first token)
     closed_early: bool = False  # we closed the stream on purpose
     error: str = ""  # transport failure, error body or error event, malformed reply
 
@@ -132,10 +138,11 @@ def _read_stream(resp: http.client.HTTPResponse, reply: Reply, t0: float, close_
         if payload == "[DONE]":
             done = True
             break
-        if reply.first_chunk is None:
-            reply.first_chunk = time.perf_counter() - t0
         choice = json.loads(payload)["choices"][0]
-        reply.text += _choice_text(choice, True)
+        piece = _choice_text(choice, True)
+        if piece and reply.first_chunk is None:  # a chat stream's first event (the role) carries no text
+            reply.first_chunk = time.perf_counter() - t0
+        reply.text += piece
         reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
         events += 1
         if close_after is not None and events >= close_after:
@@ -340,7 +347,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--draft", help="draft GGUF (default: the model's default draft)")
     ap.add_argument("--no-draft", action="store_true", help="the ordinary server, without a draft")
-    ap.add_argument("--draft-tokens", default="auto", help="the server's --draft-tokens (default %(default)s)")
+    ap.add_argument("--draft-tokens", default="4",
+                    help="the server's --draft-tokens (default %(default)s; 'auto' picks lengths from measured "
+                         "timings, so answers may change between runs: see the module docstring)")
     ap.add_argument("--max-queue", type=int, default=None,
                     help="the server's --max-queue (default: 2 x clients, at least 16, so none is refused)")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="the server's --request-timeout")
@@ -468,7 +477,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"  throughput: {r['requests_per_second']:.2f} requests/s, "
               f"{r['completion_tokens_per_second']:.1f} completion tokens/s over {r['wall_seconds']:.1f} s")
         print(f"  latency: p50 {_ms(r['latency_p50_s'])}, p99 {_ms(r['latency_p99_s'])};  "
-              f"first streamed chunk: p50 {_ms(r['first_chunk_p50_s'])}, p99 {_ms(r['first_chunk_p99_s'])}")
+              f"first streamed token: p50 {_ms(r['first_chunk_p50_s'])}, p99 {_ms(r['first_chunk_p99_s'])}")
         before, after = r.get("rss_before_mb"), r.get("rss_after_mb")
         if before and after:
             print(f"  server RSS: {before:.1f} MB before, {after:.1f} MB after")
