@@ -281,17 +281,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def health(port: int) -> bool:
+def _get(port: int, path: str) -> Optional[bytes]:
+    """The body of GET `path`, or None when it fails."""
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         try:
-            conn.request("GET", "/health")
+            conn.request("GET", path)
             resp = conn.getresponse()
-            return resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
+            body = resp.read()
+            return body if resp.status == 200 else None
         finally:
             conn.close()
-    except (OSError, http.client.HTTPException, ValueError):
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def health(port: int) -> bool:
+    body = _get(port, "/health")
+    try:
+        return body is not None and json.loads(body) == {"status": "ok"}
+    except ValueError:
         return False
+
+
+def speculative_metrics(port: int) -> dict[str, float]:
+    """Acceptance rate and tokens per verification step from /metrics (over every request)."""
+    out: dict[str, float] = {}
+    for line in (_get(port, "/metrics") or b"").decode(errors="replace").splitlines():
+        for name in ("acceptance_rate", "tokens_per_step"):
+            if line.startswith(f"llama_dflash_{name}{{"):
+                out[name] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def start_server(args: list[str], port: int, log, timeout: float = 180.0) -> subprocess.Popen:
@@ -443,6 +463,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 report.update(summarize(load.outcomes, time.perf_counter() - t0))
                 report["rss_after_mb"] = rss_mb(proc.pid)
                 report["health_ok"] = health(port)
+                report["speculative"] = speculative_metrics(port) if draft else {}
                 for mode in (False, True):  # the model must still answer right after all that
                     after, problems = reference_round(port, cases, timeout, mode)
                     report["after_problems"] += problems + [
@@ -481,6 +502,9 @@ def print_report(r: dict[str, Any]) -> None:
         before, after = r.get("rss_before_mb"), r.get("rss_after_mb")
         if before and after:
             print(f"  server RSS: {before:.1f} MB before, {after:.1f} MB after")
+        if r.get("speculative"):
+            print(f"  speculative (/metrics, all requests): acceptance rate {r['speculative'].get('acceptance_rate', 0):.3f}, "
+                  f"tokens per verification step {r['speculative'].get('tokens_per_step', 0):.2f}")
         for f in r["failures"]:
             print(f"  {f['kind']}: {f['case']} ({'stream' if f['stream'] else 'plain'}): {f['detail'][:200]}")
     print(f"  /health after the load: {'ok' if r['health_ok'] else 'FAILED'};  answers after the load: "
