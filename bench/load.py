@@ -507,8 +507,11 @@ def print_report(r: dict[str, Any]) -> None:
                   f"tokens per verification step {r['speculative'].get('tokens_per_step', 0):.2f}")
         for f in r["failures"]:
             print(f"  {f['kind']}: {f['case']} ({'stream' if f['stream'] else 'plain'}): {f['detail'][:200]}")
-    print(f"  /health after the load: {'ok' if r['health_ok'] else 'FAILED'};  answers after the load: "
-          + ("right" if not r["after_problems"] else "; ".join(r["after_problems"])))
+    if "completed" not in r:
+        print("  load not run: the reference answers are not usable (above)")
+    else:
+        print(f"  /health after the load: {'ok' if r['health_ok'] else 'FAILED'};  answers after the load: "
+              + ("right" if not r["after_problems"] else "; ".join(r["after_problems"])))
     print(f"  server exit status: {r['server_exit_status']}" + (" (crashed)" if r["server_crashed"] else ""))
     if r["server_log_tail"]:
         print("  server log (tail):\n" + r["server_log_tail"])
