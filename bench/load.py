@@ -55,7 +55,8 @@ CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("chat-explain", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "Explain in two sentences why the sky is blue."}]}),
     ("completion-story", "/v1/completions", {"prompt": "Once upon a time, in a small village by the sea,"}),
-    ("completion-code", "/v1/completions", {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}),
+    ("completion-code", "/v1/completions",
+     {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}),
     ("chat-seeded", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "Write a short poem about autumn."}], "temperature": 0.8,
       "seed": 1234}),
@@ -158,7 +159,9 @@ def check(reference: tuple[str, Optional[str]], reply: Reply) -> Optional[str]:
     stream closed early on purpose must have received a prefix of the reference text."""
     ref_text, ref_finish = reference
     if reply.closed_early:
-        return None if ref_text.startswith(reply.text) else f"partial text {reply.text!r} is not a prefix of {ref_text!r}"
+        if ref_text.startswith(reply.text):
+            return None
+        return f"partial text {reply.text!r} is not a prefix of {ref_text!r}"
     if reply.text != ref_text:
         return f"text {reply.text!r} != reference {ref_text!r}"
     if reply.finish_reason != ref_finish:
@@ -191,7 +194,8 @@ class Plan:
         index, stream = k % n, (k // n) % 2 == 1
         n_streamed_before = (k // (2 * n)) * n + (k % n if stream else 0)  # streamed requests before k
         # spread over the cases: not always the same one when disconnect_every is a multiple of n
-        early = stream and self.disconnect_every > 0 and (n_streamed_before + n_streamed_before // n) % self.disconnect_every == 0
+        turn = n_streamed_before + n_streamed_before // n
+        early = stream and self.disconnect_every > 0 and turn % self.disconnect_every == 0
         return index, stream, early
 
 
@@ -358,12 +362,14 @@ def rss_mb(pid: int) -> Optional[float]:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=8, help="concurrent client threads (default %(default)s)")
-    ap.add_argument("--duration", type=float, default=60.0, help="seconds of load; no request starts after (default %(default)s)")
+    ap.add_argument("--duration", type=float, default=60.0,
+                    help="seconds of load; no request starts after (default %(default)s)")
     ap.add_argument("--requests", type=int, default=0, help="stop after this many requests (default 0: no limit)")
     ap.add_argument("--max-tokens", type=int, default=40, help="max_tokens of every request (default %(default)s)")
     ap.add_argument("--disconnect-every", type=int, default=6,
                     help="one streamed request in this many closes after --close-after chunks (0: never)")
-    ap.add_argument("--close-after", type=int, default=2, help="chunks an early-closed stream reads (default %(default)s)")
+    ap.add_argument("--close-after", type=int, default=2,
+                    help="chunks an early-closed stream reads (default %(default)s)")
     ap.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--draft", help="draft GGUF (default: the model's default draft)")
     ap.add_argument("--no-draft", action="store_true", help="the ordinary server, without a draft")
@@ -421,7 +427,8 @@ def references(port: int, cases: list, timeout: float) -> tuple[dict[bool, list[
     streamed, more = reference_round(port, cases, timeout, True)
     again, more2 = reference_round(port, cases, timeout, False)
     problems += more + more2 + [f"{c[0]}: not reproducible: {x.answer!r} then {y.answer!r}"
-                                for c, x, y in zip(cases, plain, again) if not (x.error or y.error) and x.answer != y.answer]
+                                for c, x, y in zip(cases, plain, again)
+                                if not (x.error or y.error) and x.answer != y.answer]
     differ = [f"{c[0]}: plain {x.answer!r}, streamed {y.answer!r}" for c, x, y in zip(cases, plain, streamed)
               if not (x.error or y.error) and x.answer != y.answer]
     return {False: plain, True: streamed}, problems, differ
@@ -492,7 +499,8 @@ def print_report(r: dict[str, Any]) -> None:
     for p in r["stream_differs_from_plain"]:  # not a failure: llama-cpp-python's streaming, checked per mode
         print(f"  note: streamed text differs from the plain one: {p[:300]}")
     if "completed" in r:
-        print(f"  requests: {r['requests_sent']} sent, {r['completed']} completed ({r['completed_streamed']} streamed), "
+        print(f"  requests: {r['requests_sent']} sent, {r['completed']} completed "
+              f"({r['completed_streamed']} streamed), "
               f"{r['disconnected_early']} disconnected early, {r['rejected_queue_full']} rejected (queue full)")
         print(f"  errors: {r['errors']}   wrong answers: {r['wrong_answers']}")
         print(f"  throughput: {r['requests_per_second']:.2f} requests/s, "
@@ -503,8 +511,9 @@ def print_report(r: dict[str, Any]) -> None:
         if before and after:
             print(f"  server RSS: {before:.1f} MB before, {after:.1f} MB after")
         if r.get("speculative"):
-            print(f"  speculative (/metrics, all requests): acceptance rate {r['speculative'].get('acceptance_rate', 0):.3f}, "
-                  f"tokens per verification step {r['speculative'].get('tokens_per_step', 0):.2f}")
+            spec = r["speculative"]
+            print(f"  speculative (/metrics, all requests): acceptance rate {spec.get('acceptance_rate', 0):.3f}, "
+                  f"tokens per verification step {spec.get('tokens_per_step', 0):.2f}")
         for f in r["failures"]:
             print(f"  {f['kind']}: {f['case']} ({'stream' if f['stream'] else 'plain'}): {f['detail'][:200]}")
     if "completed" not in r:

@@ -38,7 +38,8 @@ def test_classify_and_verdict(load):
     kinds = [load.classify("c", False, reply, ref, 3).kind for reply in (
         load.Reply(200, "abc", "stop"), load.Reply(200, "abd", "stop"), load.Reply(500, error="boom"),
         load.Reply(0, error="ConnectionResetError"), load.Reply(503, error='{"code": "queue_full"}'),
-        load.Reply(200, "ab", None, closed_early=True), load.Reply(200, "abc", "stop", error="stream ended without [DONE]"))]
+        load.Reply(200, "ab", None, closed_early=True),
+        load.Reply(200, "abc", "stop", error="stream ended without [DONE]"))]
     assert kinds == ["ok", "wrong", "error", "error", "rejected", "disconnected", "error"]
     outcomes = [load.Outcome("c", False, "ok", 0.1, None, 3), load.Outcome("c", True, "ok", 0.3, 0.05, 3)]
     base = {"reference_problems": [], "after_problems": [], "health_ok": True, "server_crashed": False}
