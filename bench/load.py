@@ -1,0 +1,549 @@
+"""Load test of `llama-dflash serve`: N concurrent clients on loopback, every answer checked.
+
+    . .venv/bin/activate && python bench/load.py [--clients 8] [--duration 60] [--requests 0] [--no-draft]
+
+Starts `llama-dflash serve` on 127.0.0.1 (a free port; SmolLM2 with the default draft unless
+--model/--draft/--no-draft say otherwise), asks each distinct request once, sequentially, for
+the reference answer (chat and completion prompts at temperature 0, and one seeded request at
+temperature 0.8), then lets N client threads send those requests in a loop -- non-streamed and
+streamed (SSE) in turn, one streamed request in --disconnect-every closing its connection after
+the first chunks -- until --duration seconds or --requests requests.  Every finished answer must
+equal its reference (text and finish reason), and the text an early-closed stream received must
+be a prefix of it.  Afterwards /health and one more sequential round must still be right.
+
+Prints requests/s, completion tokens/s, latency p50/p99 (and time to the first streamed chunk),
+errors, wrong answers, 503s from a full queue (reported apart: --max-queue below the client
+count makes them by design) and the server's resident memory before and after; --json PATH
+writes the same as JSON.  Exit status 1 when anything was wrong or failed, 0 otherwise.
+Standard library only (threads and http.client), so nothing beyond the server's extra is needed.
+
+The draft length is fixed (--draft-tokens 4) by default.  With quantized weights, llama.cpp's
+logits for a row of a multi-token batch can differ in the last bits from a single-token decode,
+and at a near-tie that changes even a greedy token; `--draft-tokens auto` chooses lengths from
+measured timings, so its batch shapes -- and then such a token -- can change from one run to the
+next, and the reference check would report it as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if (REPO / "llama_dflash").is_dir():  # this checkout's package (for the default model's path), not another install
+    sys.path.insert(0, str(REPO))
+
+#: the distinct requests: (name, path, body); temperature 0 unless the body says otherwise
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    ("chat-capital", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}),
+    ("chat-list", "/v1/chat/completions",
+     {"messages": [{"role": "system", "content": "You are a concise assistant."},
+                   {"role": "user", "content": "List three fruits that are red."}]}),
+    ("chat-explain", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "Explain in two sentences why the sky is blue."}]}),
+    ("completion-story", "/v1/completions", {"prompt": "Once upon a time, in a small village by the sea,"}),
+    ("completion-code", "/v1/completions",
+     {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}),
+    ("chat-seeded", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "Write a short poem about autumn."}], "temperature": 0.8,
+      "seed": 1234}),
+]
+
+
+# ---- one request ------------------------------------------------------------------------------------
+@dataclass
+class Reply:
+    """What one request got back.  `status`: the HTTP status, or 0 when none arrived."""
+
+    status: int = 0
+    text: str = ""
+    finish_reason: Optional[str] = None
+    completion_tokens: Optional[int] = None
+    latency: float = 0.0
+    first_chunk: Optional[float] = None  # streams: seconds to the first event with text (first token)
+    closed_early: bool = False  # we closed the stream on purpose
+    error: str = ""  # transport failure, error body or error event, malformed reply
+
+    @property
+    def answer(self) -> tuple[str, Optional[str]]:
+        return self.text, self.finish_reason
+
+
+def _choice_text(choice: dict[str, Any], stream: bool) -> str:
+    if "message" in choice:
+        return choice["message"].get("content") or ""
+    if stream and "delta" in choice:
+        return choice["delta"].get("content") or ""
+    return choice.get("text") or ""
+
+
+def send(port: int, path: str, body: dict[str, Any], stream: bool, timeout: float,
+         close_after: Optional[int] = None) -> Reply:
+    """POST `body` to `path`; with `close_after`, close a stream after that many data events."""
+    reply = Reply()
+    data = json.dumps(dict(body, stream=stream)).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    resp = None
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        reply.status = resp.status
+        if resp.status != 200:
+            reply.error = resp.read().decode(errors="replace")[:300]
+        elif not stream:
+            choice = json.loads(resp.read())
+            reply.completion_tokens = choice.get("usage", {}).get("completion_tokens")
+            choice = choice["choices"][0]
+            reply.text, reply.finish_reason = _choice_text(choice, False), choice.get("finish_reason")
+        else:
+            _read_stream(resp, reply, t0, close_after)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError) as exc:
+        reply.error = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        if resp is not None:
+            resp.close()
+        conn.close()  # after resp.close(): the socket is really closed, the server sees the client go
+        reply.latency = time.perf_counter() - t0
+    return reply
+
+
+def _read_stream(resp: http.client.HTTPResponse, reply: Reply, t0: float, close_after: Optional[int]) -> None:
+    events = 0
+    done = False
+    event_name = ""
+    for raw in resp:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("event:"):
+            event_name = line[6:].strip()
+            continue
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if event_name == "error":
+            reply.error = f"error event: {payload[:300]}"
+            return
+        if payload == "[DONE]":
+            done = True
+            break
+        choice = json.loads(payload)["choices"][0]
+        piece = _choice_text(choice, True)
+        if piece and reply.first_chunk is None:  # a chat stream's first event (the role) carries no text
+            reply.first_chunk = time.perf_counter() - t0
+        reply.text += piece
+        reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+        events += 1
+        if close_after is not None and events >= close_after:
+            reply.closed_early = True
+            return
+    if not done:
+        reply.error = "stream ended without [DONE]"
+
+
+# ---- checking answers -------------------------------------------------------------------------------
+def check(reference: tuple[str, Optional[str]], reply: Reply) -> Optional[str]:
+    """None when `reply` agrees with `reference` (text, finish_reason), else what differs.  A
+    stream closed early on purpose must have received a prefix of the reference text."""
+    ref_text, ref_finish = reference
+    if reply.closed_early:
+        if ref_text.startswith(reply.text):
+            return None
+        return f"partial text {reply.text!r} is not a prefix of {ref_text!r}"
+    if reply.text != ref_text:
+        return f"text {reply.text!r} != reference {ref_text!r}"
+    if reply.finish_reason != ref_finish:
+        return f"finish_reason {reply.finish_reason!r} != reference {ref_finish!r}"
+    return None
+
+
+# ---- the load -------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    case: str
+    stream: bool
+    kind: str  # "ok", "wrong", "error", "rejected", "disconnected"
+    latency: float
+    first_chunk: Optional[float]
+    tokens: int
+    detail: str = ""
+
+
+@dataclass
+class Plan:
+    """Which request the k-th one is: each case in turn, streamed every other round."""
+
+    cases: list[tuple[str, str, dict[str, Any]]]
+    disconnect_every: int  # 0: never
+
+    def request(self, k: int) -> tuple[int, bool, bool]:
+        """(case index, streamed, closed early) of request number `k`."""
+        n = len(self.cases)
+        index, stream = k % n, (k // n) % 2 == 1
+        n_streamed_before = (k // (2 * n)) * n + (k % n if stream else 0)  # streamed requests before k
+        # spread over the cases: not always the same one when disconnect_every is a multiple of n
+        turn = n_streamed_before + n_streamed_before // n
+        early = stream and self.disconnect_every > 0 and turn % self.disconnect_every == 0
+        return index, stream, early
+
+
+@dataclass
+class Load:
+    port: int
+    plan: Plan
+    references: dict[bool, list[tuple[str, Optional[str]]]]  # keyed by `stream`
+    tokens: list[int]  # completion tokens of each reference answer
+    timeout: float
+    max_requests: int  # 0: no limit
+    deadline: float  # time.monotonic() after which no request starts
+    close_after: int = 2
+    outcomes: list[Outcome] = field(default_factory=list)
+    _next: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def _take(self) -> Optional[int]:
+        with self._lock:
+            if self.stop.is_set() or time.monotonic() >= self.deadline or (
+                    self.max_requests and self._next >= self.max_requests):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def client(self) -> None:
+        while (k := self._take()) is not None:
+            index, stream, early = self.plan.request(k)
+            name, path, body = self.plan.cases[index]
+            reply = send(self.port, path, body, stream, self.timeout, self.close_after if early else None)
+            outcome = classify(name, stream, reply, self.references[stream][index], self.tokens[index])
+            with self._lock:
+                self.outcomes.append(outcome)
+
+
+def classify(name: str, stream: bool, reply: Reply, reference: tuple[str, Optional[str]], tokens: int) -> Outcome:
+    if reply.status == 503 and "queue_full" in reply.error:
+        kind, detail = "rejected", reply.error
+    elif reply.error or reply.status != 200:
+        kind, detail = "error", f"HTTP {reply.status}: {reply.error}"
+    else:
+        detail = check(reference, reply) or ""
+        kind = "wrong" if detail else ("disconnected" if reply.closed_early else "ok")
+    return Outcome(name, stream, kind, reply.latency, reply.first_chunk, tokens if kind == "ok" else 0, detail)
+
+
+def percentile(values: list[float], q: float) -> Optional[float]:
+    """The q-th percentile (0..100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(outcomes: list[Outcome], wall: float) -> dict[str, Any]:
+    count = {k: sum(o.kind == k for o in outcomes) for k in ("ok", "wrong", "error", "rejected", "disconnected")}
+    done = [o for o in outcomes if o.kind == "ok"]
+    firsts = [o.first_chunk for o in outcomes if o.stream and o.kind in ("ok", "disconnected") and o.first_chunk]
+    lat = [o.latency for o in done]
+    return {
+        "requests_sent": len(outcomes), "completed": count["ok"], "completed_streamed": sum(o.stream for o in done),
+        "disconnected_early": count["disconnected"], "rejected_queue_full": count["rejected"],
+        "errors": count["error"], "wrong_answers": count["wrong"], "wall_seconds": wall,
+        "requests_per_second": count["ok"] / wall if wall > 0 else 0.0,
+        "completion_tokens_per_second": sum(o.tokens for o in done) / wall if wall > 0 else 0.0,
+        "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
+        "first_chunk_p50_s": percentile(firsts, 50), "first_chunk_p99_s": percentile(firsts, 99),
+        "failures": [asdict(o) for o in outcomes if o.kind in ("wrong", "error")][:20],
+    }
+
+
+def failed(report: dict[str, Any]) -> bool:
+    """Whether the run found anything wrong (the exit status is 1 then)."""
+    return bool(report.get("errors") or report.get("wrong_answers") or report["reference_problems"]
+                or report["after_problems"] or not report["health_ok"] or report["server_crashed"]
+                or not report.get("completed"))
+
+
+# ---- the server -----------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, path: str) -> Optional[bytes]:
+    """The body of GET `path`, or None when it fails."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            return body if resp.status == 200 else None
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+def health(port: int) -> bool:
+    body = _get(port, "/health")
+    try:
+        return body is not None and json.loads(body) == {"status": "ok"}
+    except ValueError:
+        return False
+
+
+def speculative_metrics(port: int) -> dict[str, float]:
+    """Acceptance rate and tokens per verification step from /metrics (over every request)."""
+    out: dict[str, float] = {}
+    for line in (_get(port, "/metrics") or b"").decode(errors="replace").splitlines():
+        for name in ("acceptance_rate", "tokens_per_step"):
+            if line.startswith(f"llama_dflash_{name}{{"):
+                out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def start_server(args: list[str], port: int, log, timeout: float = 180.0) -> subprocess.Popen:
+    env = dict(os.environ)
+    if (REPO / "llama_dflash").is_dir():  # this checkout's package, not whichever one is installed
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen([sys.executable, "-m", "llama_dflash.cli", "serve", "--host", "127.0.0.1",
+                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
+        if health(port):
+            return proc
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"the server did not answer /health within {timeout:g} s")
+
+
+def stop_server(proc: subprocess.Popen) -> Optional[int]:
+    """Terminate, then kill after 30 s; the exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def rss_mb(pid: int) -> Optional[float]:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---- main ---------------------------------------------------------------------------------------------
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=8, help="concurrent client threads (default %(default)s)")
+    ap.add_argument("--duration", type=float, default=60.0,
+                    help="seconds of load; no request starts after (default %(default)s)")
+    ap.add_argument("--requests", type=int, default=0, help="stop after this many requests (default 0: no limit)")
+    ap.add_argument("--max-tokens", type=int, default=40, help="max_tokens of every request (default %(default)s)")
+    ap.add_argument("--disconnect-every", type=int, default=6,
+                    help="one streamed request in this many closes after --close-after chunks (0: never)")
+    ap.add_argument("--close-after", type=int, default=2,
+                    help="chunks an early-closed stream reads (default %(default)s)")
+    ap.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--draft", help="draft GGUF (default: the model's default draft)")
+    ap.add_argument("--no-draft", action="store_true", help="the ordinary server, without a draft")
+    ap.add_argument("--draft-tokens", default="4",
+                    help="the server's --draft-tokens (default %(default)s; 'auto' picks lengths from measured "
+                         "timings, so answers may change between runs: see the module docstring)")
+    ap.add_argument("--max-queue", type=int, default=None,
+                    help="the server's --max-queue (default: 2 x clients, at least 16, so none is refused)")
+    ap.add_argument("--request-timeout", type=float, default=300.0, help="the server's --request-timeout")
+    ap.add_argument("--n-threads", type=int, default=None, help="the server's --n-threads")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--no-seeded", action="store_true", help="leave out the seeded temperature-0.8 request")
+    ap.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    a = ap.parse_args(argv)
+    if a.clients < 1 or a.duration <= 0 or a.requests < 0 or a.max_tokens < 1 or a.close_after < 1 \
+            or a.disconnect_every < 0:
+        ap.error("--clients, --duration, --max-tokens, --close-after must be > 0; --requests, --disconnect-every >= 0")
+    if a.no_draft and a.draft:
+        ap.error("--draft and --no-draft exclude each other")
+    return a
+
+
+def server_args(a: argparse.Namespace) -> tuple[list[str], str, Optional[str]]:
+    """The server's command-line options, the model and the draft paths."""
+    from llama_dflash.defaults import default_draft_path, smollm2_path
+
+    model = a.model or smollm2_path()
+    draft = None if a.no_draft else (a.draft or default_draft_path(model))
+    args = ["--model", model, "--n-ctx", str(a.n_ctx), "--max-tokens-cap", str(max(a.max_tokens, 16)),
+            "--max-queue", str(a.max_queue if a.max_queue is not None else max(16, 2 * a.clients)),
+            "--request-timeout", str(a.request_timeout)]
+    if draft:
+        args += ["--draft-model", draft, "--draft-tokens", a.draft_tokens]
+    if a.n_threads:
+        args += ["--n-threads", str(a.n_threads)]
+    return args, model, draft
+
+
+def reference_round(port: int, cases: list, timeout: float, stream: bool) -> tuple[list[Reply], list[str]]:
+    """Each case once, sequentially; the failures among them."""
+    replies, problems = [], []
+    for name, path, body in cases:
+        r = send(port, path, body, stream, timeout)
+        replies.append(r)
+        if r.error or r.status != 200:
+            problems.append(f"{name} ({'stream' if stream else 'plain'}): HTTP {r.status}: {r.error}")
+    return replies, problems
+
+
+def references(port: int, cases: list, timeout: float) -> tuple[dict[bool, list[Reply]], list[str], list[str]]:
+    """The reference answers, plain and streamed (keyed by `stream`); the problems (failures, a
+    plain answer that differs between two quiet runs); the cases whose streamed text differs from
+    the plain one (llama-cpp-python's streaming drops multi-byte characters split across tokens)."""
+    plain, problems = reference_round(port, cases, timeout, False)
+    streamed, more = reference_round(port, cases, timeout, True)
+    again, more2 = reference_round(port, cases, timeout, False)
+    problems += more + more2 + [f"{c[0]}: not reproducible: {x.answer!r} then {y.answer!r}"
+                                for c, x, y in zip(cases, plain, again)
+                                if not (x.error or y.error) and x.answer != y.answer]
+    differ = [f"{c[0]}: plain {x.answer!r}, streamed {y.answer!r}" for c, x, y in zip(cases, plain, streamed)
+              if not (x.error or y.error) and x.answer != y.answer]
+    return {False: plain, True: streamed}, problems, differ
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    args, model, draft = server_args(a)
+    cases = [(n, p, dict(b, max_tokens=a.max_tokens, **({} if "temperature" in b else {"temperature": 0})))
+             for n, p, b in CASES if not (a.no_seeded and "seed" in b)]
+    timeout = a.request_timeout + 30
+    port = free_port()
+    report: dict[str, Any] = {"model": os.path.basename(model), "draft": os.path.basename(draft) if draft else None,
+                              "clients": a.clients, "duration_s": a.duration, "max_requests": a.requests,
+                              "max_tokens": a.max_tokens, "server_args": args, "reference_problems": [],
+                              "stream_differs_from_plain": [], "after_problems": [], "health_ok": False,
+                              "server_crashed": False}
+    with tempfile.TemporaryFile() as log:
+        proc = start_server(args, port, log)
+        try:
+            refs, report["reference_problems"], report["stream_differs_from_plain"] = references(port, cases, timeout)
+            report["rss_before_mb"] = rss_mb(proc.pid)
+            if not report["reference_problems"]:
+                answers = {mode: [r.answer for r in refs[mode]] for mode in refs}
+                load = Load(port, Plan(cases, a.disconnect_every), answers,
+                            [r.completion_tokens or 0 for r in refs[False]], timeout, a.requests,
+                            time.monotonic() + a.duration, a.close_after)
+                threads = [threading.Thread(target=load.client, daemon=True, name=f"client-{i}")
+                           for i in range(a.clients)]
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                try:
+                    for t in threads:
+                        while t.is_alive():
+                            t.join(0.5)
+                except BaseException:
+                    load.stop.set()
+                    raise
+                report.update(summarize(load.outcomes, time.perf_counter() - t0))
+                report["rss_after_mb"] = rss_mb(proc.pid)
+                report["health_ok"] = health(port)
+                report["speculative"] = speculative_metrics(port) if draft else {}
+                for mode in (False, True):  # the model must still answer right after all that
+                    after, problems = reference_round(port, cases, timeout, mode)
+                    report["after_problems"] += problems + [
+                        f"{c[0]} ({'stream' if mode else 'plain'}): after the load: {check(ref, r)}"
+                        for c, ref, r in zip(cases, answers[mode], after) if not r.error and check(ref, r)]
+        finally:
+            code = stop_server(proc)
+            report["server_exit_status"] = code
+            report["server_crashed"] = code is not None and code < 0 and code != -signal.SIGTERM
+            log.seek(0)
+            text = log.read().decode(errors="replace")
+            report["server_log_tail"] = text[-2000:] if ("Traceback" in text or report["server_crashed"]) else ""
+    return report
+
+
+def _ms(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"llama-dflash serve under load: {r['model']} + {r['draft'] or 'no draft (ordinary decoding)'}, "
+          f"{r['clients']} clients, {r['duration_s']:g} s"
+          + (f" or {r['max_requests']} requests" if r["max_requests"] else "") + f", max_tokens {r['max_tokens']}")
+    for p in r["reference_problems"]:
+        print(f"  reference run: {p}")
+    for p in r["stream_differs_from_plain"]:  # not a failure: llama-cpp-python's streaming, checked per mode
+        print(f"  note: streamed text differs from the plain one: {p[:300]}")
+    if "completed" in r:
+        print(f"  requests: {r['requests_sent']} sent, {r['completed']} completed "
+              f"({r['completed_streamed']} streamed), "
+              f"{r['disconnected_early']} disconnected early, {r['rejected_queue_full']} rejected (queue full)")
+        print(f"  errors: {r['errors']}   wrong answers: {r['wrong_answers']}")
+        print(f"  throughput: {r['requests_per_second']:.2f} requests/s, "
+              f"{r['completion_tokens_per_second']:.1f} completion tokens/s over {r['wall_seconds']:.1f} s")
+        print(f"  latency: p50 {_ms(r['latency_p50_s'])}, p99 {_ms(r['latency_p99_s'])};  "
+              f"first streamed token: p50 {_ms(r['first_chunk_p50_s'])}, p99 {_ms(r['first_chunk_p99_s'])}")
+        before, after = r.get("rss_before_mb"), r.get("rss_after_mb")
+        if before and after:
+            print(f"  server RSS: {before:.1f} MB before, {after:.1f} MB after")
+        if r.get("speculative"):
+            spec = r["speculative"]
+            print(f"  speculative (/metrics, all requests): acceptance rate {spec.get('acceptance_rate', 0):.3f}, "
+                  f"tokens per verification step {spec.get('tokens_per_step', 0):.2f}")
+        for f in r["failures"]:
+            print(f"  {f['kind']}: {f['case']} ({'stream' if f['stream'] else 'plain'}): {f['detail'][:200]}")
+    if "completed" not in r:
+        print("  load not run: the reference answers are not usable (above)")
+    else:
+        print(f"  /health after the load: {'ok' if r['health_ok'] else 'FAILED'};  answers after the load: "
+              + ("right" if not r["after_problems"] else "; ".join(r["after_problems"])))
+    print(f"  server exit status: {r['server_exit_status']}" + (" (crashed)" if r["server_crashed"] else ""))
+    if r["server_log_tail"]:
+        print("  server log (tail):\n" + r["server_log_tail"])
+    print("RESULT: " + ("FAILED" if failed(r) else "ok"))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM too stops the server on the way out
+    try:
+        report = run(a)
+    except KeyboardInterrupt:
+        print("interrupted: the server was stopped", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"load.py: {exc}", file=sys.stderr)
+        return 2
+    print_report(report)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(report, fh, indent=2)
+    return 1 if failed(report) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
