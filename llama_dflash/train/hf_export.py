@@ -151,7 +151,8 @@ def export_hf(draft_path: str, out_dir: str) -> dict:
     if meta("dflash.attention.causal") is not None:
         cfg["is_causal"] = bool(meta("dflash.attention.causal"))
     if dspark or reduced:
-        cfg["sample_from_anchor"] = bool(meta("dflash.sample_from_anchor", True)) if dspark else False
+        # a plain DFlash draft (written here as DSpark for its d2t) samples from the anchor too
+        cfg["sample_from_anchor"] = bool(meta("dflash.sample_from_anchor", True))
         cfg["markov_head_type"] = "vanilla"
     if dspark:
         cfg["markov_rank"] = int(tensors["markov_w1.weight"].shape[1])
