@@ -108,3 +108,54 @@ def test_same_proposals_and_acceptance(pair, tiny_config, reference, n_draft):
             runs.append((s.drafted, s.accepted, s.draft_steps, list(s.accepted_per_position)))
     assert runs[0] == runs[1]
     assert runs[0][0] > 0
+
+
+def test_shipped_smollm2_draft_round_trips(tmp_path, hf_converter):
+    """The shipped draft (its reduced head and d2t go out as draft_vocab_size + offsets) through a target
+    directory rebuilt from SmolLM2's byte-level BPE tokenizer: the same tokenizer comes back, and the
+    converted draft (float32; the shipped one may be quantized) drafts and accepts exactly the same."""
+    from llama_dflash import OrdinaryDecoding
+    from llama_dflash.bench.cli import chat_wrap
+    from llama_dflash.defaults import smollm2_path, trained_draft_path
+    from llama_dflash.train.hf_target import _tokenizer_fields
+
+    smol, shipped = smollm2_path(), trained_draft_path()
+    if shipped is None:
+        pytest.skip("no shipped SmolLM2 draft in this checkout")
+    export_hf(shipped, str(tmp_path / "hf"))
+    write_target_dir(smol, str(tmp_path / "target"))
+    converted = convert(hf_converter, str(tmp_path / "hf"), str(tmp_path / "target"), str(tmp_path / "conv.gguf"))
+    a, b = _tokenizer_fields(smol), _tokenizer_fields(converted)
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        assert a[key] == b[key], key
+    cfg = TargetConfig(smol, n_ctx=512, n_batch=256, n_ubatch=256)
+    with OrdinaryDecoding(cfg) as o:
+        prompt = o.tokenize(chat_wrap(smol, "Write a Python function that returns the n-th Fibonacci number."))
+        ref = o.generate(prompt, 96, ignore_eos=True).tokens
+    runs = []
+    for draft in (shipped, converted):
+        with _engine(cfg, draft, draft_n_max=4) as eng:
+            res = eng.generate(prompt, 96, ignore_eos=True)
+        assert res.tokens == ref
+        runs.append((res.stats.drafted, res.stats.accepted, list(res.stats.accepted_per_position)))
+    assert runs[0] == runs[1]
+    assert runs[0][1] > 0
+
+
+def test_target_dir_refuses_unknown_tokenizers(tmp_path, tiny_target):
+    import gguf
+
+    from llama_dflash.writer import copy_fields
+
+    path = str(tmp_path / "wpm.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    copy_fields(w, tiny_target, lambda name: name.startswith("llama.") or
+                (name.startswith("tokenizer.") and name != "tokenizer.ggml.model"))
+    w.add_tokenizer_model("bert")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="'bert' cannot be rebuilt"):
+        write_target_dir(path, str(tmp_path / "out"))
