@@ -58,7 +58,7 @@ def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_pre
         cmd.append("--ignore-eos")
     if not repack:
         cmd.append("--no-repack")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise ValueError(f"llama-speculative-simple failed (exit {proc.returncode}): {' | '.join(tail)}")
