@@ -159,3 +159,23 @@ def test_target_dir_refuses_unknown_tokenizers(tmp_path, tiny_target):
     w.close()
     with pytest.raises(ValueError, match="'bert' cannot be rebuilt"):
         write_target_dir(path, str(tmp_path / "out"))
+
+
+def test_cli_export_writes_what_the_converter_needs(tmp_path, tiny_target, tiny_draft, hf_converter):
+    """`llama-dflash export --hf-output DIR --hf-target-dir DIR2 --model target.gguf draft.gguf`, then the
+    converter: the same tensors come back; --hf-target-dir alone is a CLI error (exit 2)."""
+    import subprocess
+    import sys
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "export", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    hf, tgt = str(tmp_path / "hf"), str(tmp_path / "tgt")
+    r = export(tiny_draft, "--model", tiny_target, "--hf-output", hf, "--hf-target-dir", tgt)
+    assert r.returncode == 0, r.stderr
+    converted = convert(hf_converter, hf, tgt, str(tmp_path / "conv.gguf"))
+    a, b = _tensors(tiny_draft), _tensors(converted)
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    r = export(tiny_draft, "--model", tiny_target, "--hf-target-dir", tgt)
+    assert r.returncode == 2 and "--hf-target-dir needs --hf-output" in r.stderr
