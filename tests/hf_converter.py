@@ -47,7 +47,8 @@ def find_converter() -> Path:
     with tarfile.open(tars[0]) as tar:
         members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name and
                    ("/conversion/" in m.name or "/gguf-py/" in m.name or m.name.endswith(str(_SCRIPT)))]
-        tar.extractall(cache, members=members, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Pythons before 3.10.12
+        tar.extractall(cache, members=members, **safe)
     if not (roots[-1] / _SCRIPT).is_file():
         raise RuntimeError(f"{tars[0]} holds no {_SCRIPT}")
     return roots[-1] / _SCRIPT
