@@ -2,6 +2,8 @@
 
 The lattice is recomputed here in numpy from the block's own logits and hidden states and the
 selector tensors of the file, then walked by an independent loop; the proposer must agree.
+Every test runs on the draft our test writer makes and on the same draft exported to the Hugging
+Face DFlash2 layout and converted back by llama.cpp's own `convert_hf_to_gguf.py`.
 """
 
 from __future__ import annotations
@@ -13,20 +15,32 @@ import pytest
 from llama_cpp import llama_cpp as ll
 
 from dflash2_fixture import write_dflash2_draft
+from hf_converter import convert, hf_converter  # noqa: F401  (fixture)
 from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
 from llama_dflash import _bindings as ext
 from llama_dflash.generate import prefill
 from llama_dflash.inspect import read_gguf, validate_pair
 from llama_dflash.proposer import selector_walk
+from llama_dflash.train.hf_export import export_hf
+from llama_dflash.train.hf_target import write_target_dir
 from spec_common import N_TOKENS, check_every_accepted_length, ordinary_reference
 
 BLOCK = 8
 TOP_K = 4
 
 
-@pytest.fixture(scope="module")
-def dflash2_draft(tiny_dir, tiny_target):
-    return write_dflash2_draft(str(tiny_dir / "dflash2.gguf"), tiny_target, block_size=BLOCK, top_k=TOP_K, seed=21)
+@pytest.fixture(scope="module", params=["writer", pytest.param("converter", marks=pytest.mark.slow)])
+def dflash2_draft(request, tiny_dir, tiny_target):
+    ours = write_dflash2_draft(str(tiny_dir / "dflash2.gguf"), tiny_target, block_size=BLOCK, top_k=TOP_K, seed=21)
+    if request.param == "writer":
+        return ours
+    converter = request.getfixturevalue("hf_converter")
+    hf, target = str(tiny_dir / "dflash2-hf"), str(tiny_dir / "target-hf")
+    cfg = export_hf(ours, hf)
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert cfg["dflash_config"]["selector_top_k"] == TOP_K
+    write_target_dir(tiny_target, target)
+    return convert(converter, hf, target, str(tiny_dir / "dflash2-converted.gguf"))
 
 
 @pytest.fixture(scope="module")

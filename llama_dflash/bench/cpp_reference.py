@@ -100,7 +100,8 @@ def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_pre
 
 
 def _run_binary(cmd: list[str], timeout: float) -> CppResult:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # the driver echoes generated text: a tiny random model's bytes need not be UTF-8
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise ValueError(f"llama-speculative-simple failed (exit {proc.returncode}): {' | '.join(tail)}")

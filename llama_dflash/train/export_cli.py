@@ -22,6 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("output", nargs="?", help="draft GGUF to write (optional with --hf-output)")
     p.add_argument("--hf-output", metavar="DIR", help="also write the draft in the Hugging Face layout of the "
                                                        "z-lab DFlash/DSpark checkpoints (config.json + model.safetensors)")
+    p.add_argument("--hf-target-dir", metavar="DIR",
+                   help="with --hf-output: also write the target's tokenizer (from --model) as a Hugging Face "
+                        "directory, for convert_hf_to_gguf.py --target-model-dir")
     p.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--reduce-vocab", type=int, metavar="N",
                    help="keep an own LM head over the N target tokens the target emits most (writes d2t)")
@@ -55,10 +58,14 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.input, model_path):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model not found: {path}")
+    if args.hf_target_dir and not args.hf_output:
+        raise ValueError("--hf-target-dir needs --hf-output")
     if not args.output and not args.hf_output:
         raise ValueError("give an output GGUF, --hf-output DIR, or both")
     if not args.output and (args.reduce_vocab is not None or args.quantize):
         raise ValueError("--reduce-vocab and --quantize need an output GGUF")
+    if args.hf_target_dir and os.path.isfile(args.hf_target_dir):
+        raise ValueError(f"--hf-target-dir {args.hf_target_dir} is a file, not a directory")
     if args.hf_output and os.path.isfile(args.hf_output):
         raise ValueError(f"--hf-output {args.hf_output} is a file, not a directory")
     if args.output and os.path.isdir(args.output):
@@ -74,11 +81,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--vocab-prompts must be >= 0, not {args.vocab_prompts}")
     if args.vocab_max_new_tokens < 1:
         raise ValueError(f"--vocab-max-new-tokens must be >= 1, not {args.vocab_max_new_tokens}")
+    if args.hf_target_dir:
+        from .hf_target import write_target_dir
+
+        write_target_dir(model_path, args.hf_target_dir)  # refuses a tokenizer it cannot rebuild, first
     if not args.output:
         from .hf_export import export_hf
 
         export_hf(args.input, args.hf_output)
-        print(json.dumps({"input": args.input, "hf_output": args.hf_output}, indent=1))
+        print(json.dumps({"input": args.input, "hf_output": args.hf_output,
+                          "hf_target_dir": args.hf_target_dir}, indent=1))
         return 0
     weight_type = args.quantize or default_weight_type(args.input)
 

@@ -33,7 +33,17 @@ _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight", "markov_w1.weight": "model.markov_head.markov_w1.weight",
     "markov_w2.weight": "model.markov_head.markov_w2.weight", "conf_proj.weight": "model.confidence_head.proj.weight",
     "conf_proj.bias": "model.confidence_head.proj.bias", "d2t": "d2t",
+    # DFlash2 selector: the converter appends ".weight" to the two codebooks itself
+    "selector_predecessor.weight": "model.candidate_selector.predecessor_codebook",
+    "selector_successor.weight": "model.candidate_selector.successor_codebook",
+    "selector_hidden.weight": "model.candidate_selector.hidden_projection.weight",
 }
+# DFlash2 per-layer convolutions: GGUF blk.{i}.<key>[.weight] -> model.layers.{i}.<value>[.weight]
+_CONV = {"attn_conv_base": "attention_conv.base_kernel", "attn_conv_proj": "attention_conv.kernel_projection",
+         "ffn_conv_base": "mlp_conv.base_kernel", "ffn_conv_proj": "mlp_conv.kernel_projection"}
+# dflash_config fields of a DFlash2 checkpoint <- GGUF keys
+_DFLASH2_KEYS = {"conv_kernel_size": "dflash.conv_kernel_size", "conv_group_size": "dflash.conv_group_size",
+                 "selector_rank": "dflash.selector_rank", "selector_top_k": "dflash.selector_top_k"}
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64"}
 
 
@@ -44,7 +54,9 @@ def hf_tensor_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER:
         return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
-    raise ValueError(f"draft tensor {gguf_name} has no Hugging Face counterpart (DFlash2/DeepSeek drafts are not supported)")
+    if len(parts) in (3, 4) and parts[0] == "blk" and parts[2] in _CONV:
+        return ".".join([f"model.layers.{parts[1]}.{_CONV[parts[2]]}", *parts[3:]])
+    raise ValueError(f"draft tensor {gguf_name} has no Hugging Face counterpart (DeepSeek-style drafts are not supported)")
 
 
 def write_safetensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
@@ -101,9 +113,14 @@ def export_hf(draft_path: str, out_dir: str) -> dict:
         raise ValueError(f"{draft_path}: no dflash.target_layers")
     dspark = "markov_w1.weight" in tensors
     reduced = "d2t" in tensors
+    dflash2 = "selector_hidden.weight" in tensors
+    if dflash2 and (dspark or reduced):
+        raise ValueError(f"{draft_path}: a DFlash2 draft with a Markov head or a reduced vocabulary has no "
+                         "Hugging Face layout the converter reads")
     block = int(meta("dflash.block_size", 16))
     cfg: dict = {
-        "architectures": ["DSparkDraftModel" if dspark or reduced else "DFlashDraftModel"],
+        "architectures": ["DSparkDraftModel" if dspark or reduced else
+                          "DFlash2DraftModel" if dflash2 else "DFlashDraftModel"],
         "model_type": "qwen3",
         "hidden_size": n_embd,
         "intermediate_size": int(meta("dflash.feed_forward_length")),
@@ -126,10 +143,16 @@ def export_hf(draft_path: str, out_dir: str) -> dict:
             "block_size": block,
         },
     }
+    if dflash2:
+        for field, key in _DFLASH2_KEYS.items():
+            if meta(key) is None:
+                raise ValueError(f"{draft_path}: DFlash2 draft without {key}")
+            cfg["dflash_config"][field] = int(meta(key))
     if meta("dflash.attention.causal") is not None:
         cfg["is_causal"] = bool(meta("dflash.attention.causal"))
     if dspark or reduced:
-        cfg["sample_from_anchor"] = bool(meta("dflash.sample_from_anchor", True)) if dspark else False
+        # a plain DFlash draft (written here as DSpark for its d2t) samples from the anchor too
+        cfg["sample_from_anchor"] = bool(meta("dflash.sample_from_anchor", True))
         cfg["markov_head_type"] = "vanilla"
     if dspark:
         cfg["markov_rank"] = int(tensors["markov_w1.weight"].shape[1])

@@ -74,6 +74,19 @@ def test_run_failure_is_a_clear_error(tmp_path):
         _run(binary)
 
 
+def test_generated_bytes_that_are_not_utf8(tmp_path):
+    """The driver prints the generated text: any bytes (a random tiny model emits byte tokens)."""
+    script = tmp_path / "llama-speculative-simple"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "sys.stdout.buffer.write(b'the \\xf4\\x28 fox\\n')\n"
+        f"sys.stderr.write(open({str(SAMPLE)!r}).read())\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    assert _run(str(script)).decoded_tokens == 13
+
+
 def test_not_executable(tmp_path):
     f = tmp_path / "x"
     f.write_text("")
@@ -150,5 +163,49 @@ def test_cpp_driver_accepts_exactly_what_we_accept_on_smollm2(tmp_path):
     c = json.loads(out.read_text())["cpp_reference"]
     budget = c["within_budget"]
     assert budget["drafted"] > 0 and budget["n_predict"] == 96
+    assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (budget["accepted"], budget["drafted"]), proc.stdout
+    assert c["accepted_identical"] is True
+
+
+@pytest.fixture(scope="module")
+def dflash2_converted(tiny_dir, tiny_target):
+    """A DFlash2 draft made by llama.cpp's own converter from its Hugging Face checkpoint."""
+    from dflash2_fixture import write_dflash2_draft
+    from hf_converter import convert, find_converter
+    from llama_dflash.train.hf_export import export_hf
+    from llama_dflash.train.hf_target import write_target_dir
+
+    try:
+        converter = find_converter()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    ours = write_dflash2_draft(str(tiny_dir / "cpp-dflash2.gguf"), tiny_target, block_size=8, top_k=4, seed=21)
+    export_hf(ours, str(tiny_dir / "cpp-dflash2-hf"))
+    write_target_dir(tiny_target, str(tiny_dir / "cpp-target-hf"))
+    return convert(converter, str(tiny_dir / "cpp-dflash2-hf"), str(tiny_dir / "cpp-target-hf"),
+                   str(tiny_dir / "cpp-dflash2-converted.gguf"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_cpp_binary() is None, reason="llama-speculative-simple not built "
+                    "(run /work/shared/tools/build-cpp-reference.sh, or set LLAMA_SPECULATIVE_SIMPLE)")
+@pytest.mark.parametrize("kind", ["dflash", "dflash2_converted"])
+def test_cpp_driver_same_counts_on_tiny_pair(tmp_path, tiny_target, tiny_draft, kind, request):
+    """The tiny pair, greedy, --ignore-eos, with an ordinary DFlash draft and a converter-made DFlash2 one."""
+    import json
+    import subprocess
+
+    draft = tiny_draft if kind == "dflash" else request.getfixturevalue("dflash2_converted")
+    out = tmp_path / "b.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llama_dflash.cli", "bench", "--model", tiny_target, "--draft-model", draft,
+         "--n-ctx", "256", "--n-batch", "64", "--n-ubatch", "64", "--raw-prompt", "--prompt", "the quick brown fox",
+         "--warmup-tokens", "0", "--max-tokens", "64", "--runs", "1", "--draft-tokens", "7", "--threads", "1",
+         "--ignore-eos", "--no-cost-probe", "--cpp-reference", _cpp_binary(), "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(out.read_text())["cpp_reference"]
+    budget = c["within_budget"]
+    assert budget["drafted"] > 0
     assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (budget["accepted"], budget["drafted"]), proc.stdout
     assert c["accepted_identical"] is True
