@@ -17,11 +17,10 @@ count makes them by design) and the server's resident memory before and after; -
 writes the same as JSON.  Exit status 1 when anything was wrong or failed, 0 otherwise.
 Standard library only (threads and http.client), so nothing beyond the server's extra is needed.
 
-The draft length is fixed (--draft-tokens 4) by default.  With quantized weights, llama.cpp's
-logits for a row of a multi-token batch can differ in the last bits from a single-token decode,
-and at a near-tie that changes even a greedy token; `--draft-tokens auto` chooses lengths from
-measured timings, so its batch shapes -- and then such a token -- can change from one run to the
-next, and the reference check would report it as a wrong answer.
+The server runs as users run it: `--draft-tokens auto` and flash attention on (serve's defaults).
+Flash attention matters here: without it a quantized CPU build computes a verification batch's
+attention with another kernel than a single-token decode, a greedy near-tie can flip, and auto's
+timing-driven draft lengths made answers change between runs (tests/server/test_flash_attn_default.py).
 """
 
 from __future__ import annotations
@@ -373,9 +372,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--draft", help="draft GGUF (default: the model's default draft)")
     ap.add_argument("--no-draft", action="store_true", help="the ordinary server, without a draft")
-    ap.add_argument("--draft-tokens", default="4",
-                    help="the server's --draft-tokens (default %(default)s; 'auto' picks lengths from measured "
-                         "timings, so answers may change between runs: see the module docstring)")
+    ap.add_argument("--draft-tokens", default="auto", help="the server's --draft-tokens (default %(default)s)")
     ap.add_argument("--max-queue", type=int, default=None,
                     help="the server's --max-queue (default: 2 x clients, at least 16, so none is refused)")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="the server's --request-timeout")

@@ -62,6 +62,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--n-threads", type=int, default=None)
     parser.add_argument("--n-gpu-layers", type=int, default=-1)
+    parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                        help="flash attention (default on): a verification batch then computes exactly what "
+                             "single-token decodes compute, so greedy answers equal ordinary decoding; with off, "
+                             "quantized CPU builds can flip a near-tie")
     parser.add_argument("--chat-format", default=None)
     parser.add_argument("--model-alias", default=None)
     parser.add_argument("--verbose", action="store_true")
@@ -86,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                           rollback=args.rollback)
     llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
+                flash_attn=args.flash_attn == "on",
                 verbose=args.verbose)
     loopback = args.host in LOOPBACK
     try:
