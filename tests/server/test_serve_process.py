@@ -74,7 +74,8 @@ def server(tiny_target, tiny_draft):
 
 @pytest.fixture(scope="module")
 def expected(tiny_target):
-    ref = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    ref = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
+                flash_attn=True)  # as `serve` runs by default
     try:
         yield ref.create_completion(CHECK["prompt"], max_tokens=8, temperature=0)["choices"][0]["text"]
     finally:

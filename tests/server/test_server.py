@@ -59,7 +59,8 @@ def server(tiny_target, tiny_draft):
 
 @pytest.fixture(scope="module")
 def reference(tiny_target):
-    llm = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    llm = Llama(tiny_target, logits_all=True, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1,
+                flash_attn=True)  # as `serve` runs by default
     yield llm
     llm.close()
 
