@@ -35,6 +35,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="draft GGUF to write")
     p.add_argument("--prompts", help="prompt file: one prompt per line, or JSONL with a \"prompt\" field "
                                      "(default: a built-in mixed set)")
+    p.add_argument("--data", choices=("mix", "prompts"),
+                   help="mix (the default without --prompts): stdlib code, the target's own questions, raw and "
+                        "chat, whole sources held out, several sequences per decode; prompts (the default with "
+                        "--prompts): --prompts or the built-in set, chat-wrapped, one sequence at a time")
+    p.add_argument("--data-tokens", type=int, default=300_000,
+                   help="mix: generate until the training answers reach this many tokens (default 300000)")
+    p.add_argument("--n-seq", type=int, default=8, help="mix: sequences per target decode (default 8)")
+    p.add_argument("--eval-seqs", type=int, default=48, help="mix: held-out greedy sequences (default 48)")
     p.add_argument("--n-prompts", type=int, default=300, help="training prompts to use (default 300)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for evaluation (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default 128)")
@@ -53,6 +61,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="dspark adds a Markov head and a confidence head (default dflash)")
     p.add_argument("--markov-rank", type=int, default=64, help="DSpark Markov head rank (default 64)")
     p.add_argument("--no-confidence-head", action="store_true", help="DSpark without a confidence head")
+    p.add_argument("--train-vocab", type=int, default=0, metavar="N",
+                   help="train against the N target tokens most frequent in the training answers (a reduced head, "
+                        "exported with d2t; much faster steps); 0: the full vocabulary")
+    p.add_argument("--eval-draft-tokens", type=int, default=0,
+                   help="draft tokens per step of the final engine evaluation (default: block size - 1)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="held-out proxy acceptance every N steps; the best checkpoint is kept (0: never)")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop after this many evaluations without improvement (0: never stop early)")
+    p.add_argument("--train-minutes", type=float, default=0.0, help="stop training after this many minutes (0: no limit)")
     p.add_argument("--reduce-vocab", type=int, metavar="N",
                    help="export an own LM head over the N target tokens most frequent in the data (d2t)")
     p.add_argument("--quantize", choices=WEIGHT_TYPES, default="f32", help="weight type of the exported draft")
@@ -107,9 +125,22 @@ def run(args: argparse.Namespace) -> int:
     _positive("--block-size", args.block_size, 2)
     if args.block_size > 64:
         raise ValueError(f"--block-size must be <= 64, not {args.block_size}")
-    for name in ("n_prompts", "max_new_tokens", "draft_layers", "steps", "batch_size", "anchors_per_seq"):
+    for name in ("n_prompts", "max_new_tokens", "draft_layers", "steps", "batch_size", "anchors_per_seq",
+                 "data_tokens", "n_seq"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--eval-prompts", args.eval_prompts, 0)
+    for name in ("eval_seqs", "train_vocab", "eval_every", "patience", "eval_draft_tokens"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name), 0)
+    if args.data == "mix" and args.prompts:
+        raise ValueError("--prompts gives the data itself: use it without --data mix (or with --data prompts)")
+    if args.train_minutes < 0:
+        raise ValueError(f"--train-minutes must be >= 0, not {args.train_minutes}")
+    if args.train_vocab and args.algorithm == "dspark":
+        raise ValueError("--train-vocab is not supported with --algorithm dspark")
+    if args.train_vocab and args.train_vocab > info.n_vocab:
+        raise ValueError(f"--train-vocab must be <= {info.n_vocab}, not {args.train_vocab}")
+    if args.train_vocab and args.reduce_vocab is not None and args.reduce_vocab != args.train_vocab:
+        raise ValueError("--reduce-vocab must equal --train-vocab (the draft is trained against that vocabulary)")
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, not {args.lr}")
     if args.temperature < 0:
@@ -161,17 +192,30 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
     say = (lambda *a: None) if not progress else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
     t0 = time.time()
-    data_dir = os.path.join(workdir, "data")
+    mix = (args.data or ("prompts" if args.prompts else "mix")) == "mix"
+    data_dir = os.path.join(workdir, "mix" if mix else "data")
     if dist.main:  # one process makes the data; the others wait and read it
-        cache = build_cache(data_dir, model_path, train_prompts, target_layers=layers,
-                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                            n_threads=args.threads, progress=progress, wrap=wrap, n_gpu_layers=args.n_gpu_layers)
+        if mix:
+            from .dataset import MixConfig, build_mixed_cache
+
+            mcfg = MixConfig(answer_tokens=args.data_tokens, n_seq=args.n_seq, eval_seqs=args.eval_seqs, seed=args.seed)
+            cache = build_mixed_cache(data_dir, model_path, mcfg, target_layers=layers, wrap=wrap,
+                                      n_threads=args.threads, progress=progress, n_gpu_layers=args.n_gpu_layers)
+        else:
+            cache = build_cache(data_dir, model_path, train_prompts, target_layers=layers,
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                                n_threads=args.threads, progress=progress, wrap=wrap, n_gpu_layers=args.n_gpu_layers)
     dist.barrier()
     if not dist.main:
         cache = FeatureCache(data_dir)
-        cache.truncate(len(train_prompts))
+        if not mix:
+            cache.truncate(len(train_prompts))
     t_data = time.time() - t0
-    say(f"data: {len(cache)} sequences, {cache.n_rows} rows ({cache.n_answer_tokens} answer tokens) in {t_data:.0f}s")
+    train_ids = cache.ids("train")
+    eval_ids = cache.ids("eval", greedy_only=True)
+    n_train_tokens = sum(len(cache.seqs[i].tokens) - cache.seqs[i].prompt_len for i in train_ids)
+    say(f"data: {len(cache)} sequences, {cache.n_rows} rows ({n_train_tokens} training answer tokens, "
+        f"{len(eval_ids)} held-out sequences) in {t_data:.0f}s")
 
     used = set()
     for s in cache.seqs:
@@ -193,23 +237,32 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                        markov_rank=args.markov_rank if args.algorithm == "dspark" else 0,
                        confidence_head=args.algorithm == "dspark" and not args.no_confidence_head)
     emb, head = load_target_head(model_path)
-    model = DraftModel(shape, emb, head)
+    from .vocab import choose_vocab, count_tokens, coverage, end_tokens
+
+    counts = count_tokens(info.n_vocab, (cache.seqs[i].tokens[cache.seqs[i].prompt_len:] for i in train_ids))
+    vocab = None
+    n_vocab_keep = args.train_vocab or args.reduce_vocab
+    if n_vocab_keep:
+        vocab = choose_vocab(counts, n_vocab_keep, end_tokens(info))
+        say(f"reduced vocabulary: {len(vocab)} tokens cover {coverage(counts, vocab):.4f} of the training answer tokens")
+    model = DraftModel(shape, emb, head, vocab=vocab if args.train_vocab else None)
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
-                      seed=args.seed, amp=not args.no_amp)
+                      seed=args.seed, amp=not args.no_amp, eval_every=args.eval_every, patience=args.patience,
+                      max_seconds=args.train_minutes * 60.0)
+    evaluate = None
+    if args.eval_every and eval_ids:
+        from .proxy import proxy_acceptance
+
+        evaluate = lambda m: proxy_acceptance(m, cache, eval_ids, mask_id=mask_id, n_read=args.eval_draft_tokens or 4,
+                                              stride=2)  # noqa: E731
     t0 = time.time()
-    summary = train(model, cache, cfg, mask_id=mask_id, train_ids=list(range(len(cache))),
-                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress, device=device, dist=dist)
+    summary = train(model, cache, cfg, mask_id=mask_id, train_ids=train_ids,
+                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress, device=device, dist=dist,
+                    evaluate=evaluate)
     t_train = time.time() - t0
     model.to("cpu")
     if not dist.main:
         return 0
-    vocab = None
-    if args.reduce_vocab is not None:
-        from .vocab import choose_vocab, counts_from_cache, coverage, end_tokens
-
-        counts = counts_from_cache(info.n_vocab, cache.root)
-        vocab = choose_vocab(counts, args.reduce_vocab, end_tokens(info))
-        say(f"reduced vocabulary: {len(vocab)} tokens cover {coverage(counts, vocab):.4f} of the answer tokens")
     export_draft(model, args.output, target_path=model_path, mask_token_id=mask_id,
                  name=f"{args.algorithm}-{os.path.splitext(info.basename)[0]}", vocab=vocab, weight_type=args.quantize)
     if args.hf_output:
@@ -221,13 +274,17 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
               "hf_output": args.hf_output,
               "target_layers": layers, "block_size": args.block_size,
               "draft_layers": args.draft_layers, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
-              "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
+              "data": "mix" if mix else "prompts", "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
+              "train_answer_tokens": n_train_tokens, "eval_sequences": len(eval_ids),
               "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "train": summary}
     if not args.skip_eval:
         seqs = [(cache.get(i)[0], cache.get(i)[1].astype(np.float32)) for i in range(min(4, len(cache)))]
         report["parity"] = parity_check(model, args.output, model_path, seqs, n_threads=args.threads, vocab=vocab)
         say(f"parity: top-1 agreement {report['parity']['agreement']:.4f} over {report['parity']['slots']} slots")
-        if eval_prompts:
+        if mix and eval_ids:
+            toks = [[int(t) for t in cache.seqs[i].tokens[:cache.seqs[i].prompt_len]]
+                    for i in eval_ids[:max(1, args.eval_prompts)]]
+        elif eval_prompts:
             from .._llama import Model
 
             tok = Model(model_path)
@@ -235,9 +292,13 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                 toks = [tok.tokenize(wrap(p)) for p in eval_prompts]
             finally:
                 tok.close()
+        else:
+            toks = []
+        if toks:
             report["eval"] = evaluate_acceptance(model_path, args.output, toks, max_new_tokens=args.max_new_tokens,
-                                                 n_max=args.block_size - model.first_slot, n_threads=args.threads)
-            report["eval"]["prompts"] = len(eval_prompts)
+                                                 n_max=min(args.eval_draft_tokens or args.block_size, args.block_size - model.first_slot),
+                                                 n_threads=args.threads)
+            report["eval"]["prompts"] = len(toks)
             say("held-out acceptance per position: " + ", ".join(f"{x:.3f}" for x in report["eval"]["acceptance_per_position"]))
             say(f"mean accepted length: {report['eval']['mean_accepted_length']:.3f}")
     report["total_seconds"] = round(time.time() - t_start, 1)

@@ -25,6 +25,11 @@ class Sequence_:
     prompt_len: int
     offset: int  # first row in features.f16
     prompt_sha: str = ""
+    key: str = ""  # job key (dataset.py)
+    source: str = ""  # prompt source, e.g. "stdlib:json"
+    split: str = "train"  # "train" or "eval" (held-out sources)
+    kind: str = "chat"  # "chat", "raw" or "seed"
+    temperature: float = 0.0
 
 
 class FeatureCache:
@@ -43,7 +48,9 @@ class FeatureCache:
                     if line.strip():
                         o = json.loads(line)
                         self.seqs.append(Sequence_(np.asarray(o["tokens"], dtype=np.int64), o["prompt_len"], o["offset"],
-                                                   o.get("prompt_sha", "")))
+                                                   o.get("prompt_sha", ""), o.get("key", ""), o.get("source", ""),
+                                                   o.get("split", "train"), o.get("kind", "chat"),
+                                                   float(o.get("temperature", 0.0))))
         self.n_rows = sum(len(s.tokens) for s in self.seqs)
         fpath = os.path.join(root, "features.f16")
         if self.n_rows:
@@ -66,6 +73,10 @@ class FeatureCache:
     @property
     def n_answer_tokens(self) -> int:
         return sum(len(s.tokens) - s.prompt_len for s in self.seqs)
+
+    def ids(self, split: str = "train", greedy_only: bool = False) -> list[int]:
+        """Indices of the sequences of a split (optionally only the greedy ones)."""
+        return [i for i, s in enumerate(self.seqs) if s.split == split and (not greedy_only or s.temperature == 0)]
 
 
 def extract_features(target, tokens: Sequence[int]) -> np.ndarray:

@@ -68,9 +68,19 @@ class Layer(nn.Module):
 
 
 class DraftModel(nn.Module):
-    def __init__(self, shape: DraftShape, tok_embd: np.ndarray, head: np.ndarray):
+    def __init__(self, shape: DraftShape, tok_embd: np.ndarray, head: np.ndarray,
+                 vocab: Optional[np.ndarray] = None):
+        """`vocab` (sorted target ids): train against those rows of the head only (a reduced
+        draft vocabulary, exported with the same ids as `d2t`); logits are then over vocab rows."""
         super().__init__()
         self.shape = s = shape
+        self.register_buffer("d2t", None, persistent=False)
+        if vocab is not None:
+            if shape.markov_rank > 0:
+                raise ValueError("a reduced training vocabulary is not supported for DSpark drafts")
+            vocab = np.asarray(vocab, dtype=np.int64)
+            head = head[vocab]
+            self.register_buffer("d2t", torch.from_numpy(vocab), persistent=False)
         e = s.n_embd
         self.fc = nn.Linear(len(s.target_layers) * e, e, bias=False)
         self.enc_norm = RMSNorm(e, s.rms_eps)
@@ -131,7 +141,9 @@ class DraftModel(nn.Module):
         toks, prevs = [], []
         for i in range(S):
             lg = self.logits(hid[..., i, :], prev if self.is_dspark else None)
-            if vocab is not None:
+            if self.d2t is not None:
+                t = self.d2t[lg.argmax(-1)]
+            elif vocab is not None:
                 t = vocab[lg[..., vocab].argmax(-1)]
             else:
                 t = lg.argmax(-1)
@@ -141,6 +153,14 @@ class DraftModel(nn.Module):
         toks_t, prev_t = torch.stack(toks, -1), torch.stack(prevs, -1)
         conf = torch.sigmoid(self.confidence(hid, prev_t)) if self.conf_proj is not None else None
         return toks_t, prev_t, conf
+
+    def t2d(self) -> Optional[np.ndarray]:
+        """Target id -> draft head row (-100 outside a reduced vocabulary); None for a full head."""
+        if self.d2t is None:
+            return None
+        out = np.full(int(self.tok_embd.shape[0]), -100, dtype=np.int64)
+        out[self.d2t.cpu().numpy()] = np.arange(len(self.d2t))
+        return out
 
     # ---- pieces --------------------------------------------------------------------------
     def context_kv(self, features: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from .data import FeatureCache
 from .device import Dist, autocast, param_checksum
 from .model import DraftModel
 
-__all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma"]
+__all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma", "EarlyStop"]
 
 
 @dataclass
@@ -34,6 +34,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     seed: int = 0
     amp: bool = True  # bf16 autocast where the device supports it (CUDA)
+    eval_every: int = 0  # held-out proxy evaluation every N steps (0: never); keeps the best weights
+    patience: int = 0  # stop after this many evaluations without improvement (0: never stop early)
+    max_seconds: float = 0.0  # stop training after this many seconds of this run (0: no limit)
 
 
 def decay_gamma(block_size: int) -> float:
@@ -55,11 +58,13 @@ def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int])
 
 
 def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
-               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False):
+               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False,
+               t2d: Optional[np.ndarray] = None):
     """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B].
 
     Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
-    `anchor_first` (DSpark) the token at a+j+1."""
+    `anchor_first` (DSpark) the token at a+j+1. `t2d` maps labels to a reduced head's rows
+    (-100, i.e. ignored, outside it)."""
     items = []
     for i in idx:
         toks, feats, plen = cache.get(i)
@@ -88,6 +93,8 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
             for j in range(1 - shift, block):
                 if a + j + shift < L:
                     labels[n, m, j] = toks[a + j + shift]
+    if t2d is not None:
+        labels = np.where(labels >= 0, t2d[labels.clip(0)], -100)
     t = torch.from_numpy
     return t(feats), t(valid), t(btoks), t(anc), t(labels)
 
@@ -131,21 +138,75 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0)
     return loss, acc, n1
 
 
-def _lr_at(step: int, cfg: TrainConfig) -> float:
+def _best_path(ckpt_path: str) -> str:
+    root, ext = os.path.splitext(ckpt_path)
+    return root + ".best" + (ext or ".pt")
+
+
+@dataclass
+class EarlyStop:
+    """Best held-out score so far and how many evaluations have passed without beating it."""
+
+    patience: int = 0
+    best: float = float("-inf")
+    best_step: int = -1
+    bad: int = 0
+    last_step: int = -1
+    history: list = None
+
+    def __post_init__(self):
+        if self.history is None:
+            self.history = []
+
+    def update(self, step: int, score: float, metrics: Optional[dict] = None) -> bool:
+        """Record an evaluation; True when it is a new best."""
+        self.last_step = step
+        self.history.append({"step": step, "score": score, **({} if metrics is None else
+                                                               {k: v for k, v in metrics.items() if k != "mean_accepted"})})
+        if score > self.best:
+            self.best, self.best_step, self.bad = score, step, 0
+            return True
+        self.bad += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad >= self.patience
+
+    def to_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad": self.bad, "last_step": self.last_step,
+                "history": self.history}
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict], patience: int) -> "EarlyStop":
+        if not d:
+            return cls(patience)
+        return cls(patience, d["best"], d["best_step"], d["bad"], d.get("last_step", -1), list(d.get("history", [])))
+
+
+def _lr_at(step: int, cfg: TrainConfig, seconds: float = 0.0) -> float:
+    """Linear warm-up, then cosine to 10%; with a time limit the schedule follows whichever of
+    steps and seconds is further along, so a time-limited run still ends at the low rate."""
     warm = max(1, int(cfg.warmup * cfg.steps))
     if step < warm:
         return cfg.lr * (step + 1) / warm
     p = (step - warm) / max(1, cfg.steps - warm)
+    if cfg.max_seconds:
+        p = max(p, seconds / cfg.max_seconds)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
 
 def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: int, train_ids: list[int],
           ckpt_path: Optional[str] = None, progress: bool = True, device: Optional[torch.device] = None,
-          dist: Optional[Dist] = None) -> dict:
+          dist: Optional[Dist] = None, evaluate: Optional[Callable[[DraftModel], dict]] = None) -> dict:
     """Train in place on `device` (default: where the model is); resumes from ckpt_path when it
     exists. With `dist` (several processes) every rank draws its own batches and the gradients are
     averaged, so all ranks keep the same weights; only rank 0 writes checkpoints and progress.
-    Returns a summary dict (losses averaged over the ranks)."""
+
+    With `evaluate` (a held-out measure returning {"mean_accepted": ...}) and cfg.eval_every, the
+    best weights so far are kept (`<ckpt>.best.pt`), training stops after cfg.patience evaluations
+    without improvement, and the model ends with the best weights. Returns a summary dict
+    (losses averaged over the ranks)."""
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     model.to(device)
@@ -157,19 +218,44 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     start = 0
+    seconds0 = 0.0  # training time of earlier (interrupted) runs
+    es = EarlyStop(cfg.patience)
     if ckpt_path and os.path.isfile(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         start = int(ck["step"])
+        seconds0 = float(ck.get("seconds", 0.0))
+        es = EarlyStop.from_dict(ck.get("early_stop"), cfg.patience)
     dist.broadcast_params(params)
     rng = np.random.default_rng([cfg.seed, start, dist.rank])
+    t2d = model.t2d()
+    best_path = _best_path(ckpt_path) if ckpt_path else None
+    best_state = None
 
     def save(step: int) -> None:
         if ckpt_path and dist.main:
             tmp = ckpt_path + ".tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "early_stop": es.to_dict(), "seconds": seconds0 + time.time() - t0}, tmp)
             os.replace(tmp, ckpt_path)
+
+    def run_eval(step: int) -> bool:
+        """Evaluate, keep the best weights; True when training should stop."""
+        nonlocal best_state
+        model.eval()
+        m = evaluate(model)
+        model.train()
+        improved = es.update(step, float(m["mean_accepted"]), m)
+        if improved:
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if best_path and dist.main:
+                torch.save({"model": best_state, "step": step, "metrics": m}, best_path + ".tmp")
+                os.replace(best_path + ".tmp", best_path)
+        if bar is not None:
+            bar.write(f"step {step}: held-out acceptance {', '.join(f'{x:.3f}' for x in m['acceptance_per_position'])}"
+                      f" mean accepted {m['mean_accepted']:.3f} (best {es.best:.3f} at step {es.best_step})")
+        return es.should_stop
 
     bar = None
     if progress and dist.main and start < cfg.steps:
@@ -180,12 +266,23 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
     losses: list[float] = []
     t0 = time.time()
     model.train()
+    stopped = ""
+    if es.should_stop:
+        stopped = "early stop"
     for step in range(start, cfg.steps):
+        if stopped:
+            break
+        if cfg.max_seconds and seconds0 + time.time() - t0 > cfg.max_seconds:
+            stopped = "time limit"
+            if evaluate is not None and cfg.eval_every and es.last_step != step:
+                run_eval(step)
+            save(step)
+            break
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
+            g["lr"] = lr = _lr_at(step, cfg, seconds0 + time.time() - t0)
         idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
         batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context,
-                           anchor_first=model.first_slot == 0)
+                           anchor_first=model.first_slot == 0, t2d=t2d)
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         with autocast(device, cfg.amp):
             loss, acc, _ = block_loss(model, batch, gamma)
@@ -201,16 +298,31 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
         ema_acc = acc if ema_acc is None else 0.95 * ema_acc + 0.05 * acc
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{ema_loss:.3f}", acc1=f"{ema_acc:.3f}", lr=f"{_lr_at(step, cfg):.1e}")
+            bar.set_postfix(loss=f"{ema_loss:.3f}", acc1=f"{ema_acc:.3f}", lr=f"{lr:.1e}")
+        if evaluate is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            if run_eval(step + 1):
+                stopped = "early stop"
+                save(step + 1)
+                continue
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             save(step + 1)
+    if not stopped:
+        if evaluate is not None and cfg.eval_every and es.last_step != cfg.steps:
+            run_eval(cfg.steps)
+        save(cfg.steps)
     if bar is not None:
         bar.close()
-    save(cfg.steps)
+    if evaluate is not None and es.best_step >= 0:
+        if best_state is None and best_path and os.path.isfile(best_path):
+            best_state = torch.load(best_path, map_location=device, weights_only=False)["model"]
+        if best_state is not None:
+            model.load_state_dict(best_state)
     model.eval()
     head = losses[: max(1, len(losses) // 10)]
     tail = losses[-max(1, len(losses) // 10):]
     return {"steps": cfg.steps, "loss": ema_loss, "first_slot_acc": ema_acc, "seconds": time.time() - t0,
             "loss_start": float(np.mean(head)) if losses else None, "loss_end": float(np.mean(tail)) if losses else None,
-            "world_size": dist.world, "device": str(device),
+            "world_size": dist.world, "device": str(device), "stopped": stopped or "steps",
+            "best_step": es.best_step, "best_mean_accepted": es.best if es.best_step >= 0 else None,
+            "evals": es.history,
             "rank_checksums": dist.gather_floats(param_checksum(params), device)}

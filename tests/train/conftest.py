@@ -1,3 +1,5 @@
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -42,3 +44,37 @@ def make_cycle_target(path: str) -> str:
 @pytest.fixture(scope="session")
 def cycle_target(tmp_path_factory):
     return make_cycle_target(str(tmp_path_factory.mktemp("cyc") / "cycle.gguf"))
+
+
+@pytest.fixture
+def fake_stdlib(tmp_path):
+    """A tiny standard library: documented functions in a module and a package, and a test dir."""
+    root = tmp_path / "stdlib"
+    root.mkdir()
+    (root / "alpha.py").write_text(textwrap.dedent('''
+        def add_numbers(a, b):
+            """Add two numbers and return their sum.
+
+            Works for ints and floats.
+            """
+            return a + b
+
+        def _private(x):
+            """A private helper that is never used as a prompt at all."""
+            return x
+
+        def nodoc(x):
+            return x
+    '''))
+    pkg = root / "beta"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text(textwrap.dedent('''
+        class Box:
+            def area(self, w, h):
+                """Compute the area of a rectangle with width w and height h."""
+                return w * h
+    '''))
+    (root / "test").mkdir()
+    (root / "test" / "t.py").write_text('def skipped():\n    """Tests are never a prompt source, skip them."""\n')
+    return str(root)

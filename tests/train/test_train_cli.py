@@ -61,3 +61,32 @@ def test_unwritable_output(tiny_target, tmp_path):
     assert r.returncode == 2 and "not writable" in r.stderr
     r = _train("--model", tiny_target, "--output", str(tmp_path))
     assert r.returncode == 2 and "directory" in r.stderr
+
+
+def test_mixed_data_reduced_vocab_early_stopping_end_to_end(tiny_target, tmp_path):
+    """The default data (--data mix), a reduced training vocabulary, held-out proxy evaluation and
+    the engine evaluation on held-out prompts, through the CLI; a second run resumes."""
+    out = tmp_path / "draft.gguf"
+    args = ["--model", tiny_target, "--output", str(out), "--data-tokens", "300", "--eval-seqs", "3", "--n-seq", "4",
+            "--train-vocab", "64", "--steps", "20", "--eval-every", "10", "--patience", "2", "--block-size", "4",
+            "--batch-size", "2", "--anchors-per-seq", "4", "--eval-prompts", "2", "--max-new-tokens", "8",
+            "--eval-draft-tokens", "2", "--threads", "1", "--workdir", str(tmp_path / "w"), "--no-progress"]
+    r = _train(*args)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["data"] == "mix" and rep["reduced_vocab"] == 64 and rep["eval_sequences"] == 3
+    assert rep["train_answer_tokens"] >= 300
+    assert rep["parity"]["agreement"] >= 0.9  # a barely trained draft has near ties (test_train_loop checks parity)
+    assert len(rep["train"]["evals"]) == 2 and rep["train"]["best_step"] in (10, 20)
+    assert len(rep["eval"]["acceptance_per_position"]) == 2 and rep["eval"]["prompts"] == 2
+    r2 = _train(*args)  # everything cached: no new data, no new steps
+    assert r2.returncode == 0, r2.stderr
+    rep2 = json.loads(r2.stdout)
+    assert rep2["sequences"] == rep["sequences"] and rep2["train"]["best_step"] == rep["train"]["best_step"]
+
+
+def test_mix_refuses_a_prompt_file(tiny_target, tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("hello\n")
+    r = _train("--model", tiny_target, "--output", str(tmp_path / "d.gguf"), "--data", "mix", "--prompts", str(p))
+    assert r.returncode == 2 and "--prompts" in r.stderr
