@@ -102,7 +102,15 @@ def test_same_proposals_and_acceptance(pair, tiny_config, reference, n_draft):
     runs = []
     for draft in (original, converted):
         with _engine(tiny_config, draft, draft_n_max=n_draft, **kw) as eng:
-            res = eng.generate(prompt, len(ref), ignore_eos=True)
+            controller = None
+            if n_draft == "auto":
+                # the adaptive controller on a fixed (GPU-like) cost curve: measured timings would
+                # let the two runs pick different lengths on a busy machine
+                from llama_dflash.adaptive import AdaptiveController, FixedCosts
+
+                controller = AdaptiveController(eng.draft_info.max_draft_tokens, FixedCosts(
+                    verify=lambda k: 0.010 + 0.0002 * k, draft=lambda k: 0.001 + 0.0001 * k))
+            res = eng.generate(prompt, len(ref), ignore_eos=True, controller=controller)
             assert res.tokens == ref
             s = res.stats
             runs.append((s.drafted, s.accepted, s.draft_steps, list(s.accepted_per_position)))
