@@ -27,10 +27,12 @@ def count_tokens(n_vocab: int, token_lists: Iterable[Sequence[int]]) -> np.ndarr
 
 
 def counts_from_cache(n_vocab: int, data_dir: str) -> np.ndarray:
-    """Answer tokens of a trainer features cache (`<workdir>/data`, or the workdir itself)."""
+    """Answer tokens of a trainer features cache (`<workdir>/data` or `<workdir>/mix`, or the
+    workdir itself); held-out sequences (split "eval") are not counted."""
     path = os.path.join(data_dir, "seqs.jsonl")
-    if not os.path.isfile(path):
-        path = os.path.join(data_dir, "data", "seqs.jsonl")
+    for sub in ("data", "mix"):
+        if not os.path.isfile(path):
+            path = os.path.join(data_dir, sub, "seqs.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no training data cache (seqs.jsonl) in {data_dir}")
 
@@ -39,7 +41,8 @@ def counts_from_cache(n_vocab: int, data_dir: str) -> np.ndarray:
             for line in f:
                 if line.strip():
                     o = json.loads(line)
-                    yield o["tokens"][o["prompt_len"]:]
+                    if o.get("split", "train") != "eval":
+                        yield o["tokens"][o["prompt_len"]:]
 
     return count_tokens(n_vocab, answers())
 

@@ -57,3 +57,8 @@ def test_mixed_cache_splits_and_resumes(tmp_path, tiny_target, fake_stdlib):
     assert [s.key for s in c3.seqs] == keys2
     with open(os.path.join(root, "meta.json")) as f:
         assert json.load(f)["mix"] is True
+    # `export --vocab-data` counts the training answers only, never the held-out ones
+    from llama_dflash.train.vocab import counts_from_cache
+
+    counts = counts_from_cache(1 << 16, str(tmp_path))
+    assert counts.sum() == sum(len(s.tokens) - s.prompt_len for s in c3.seqs if s.split == "train")
