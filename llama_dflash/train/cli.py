@@ -50,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-layers", type=_int_list, help="target layer ids (default: 3 evenly spread)")
     p.add_argument("--draft-layers", type=int, default=1, help="draft transformer layers (default 1)")
     p.add_argument("--block-size", type=int, default=8, help="DFlash block size (default 8)")
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start every draft layer from the target's deepest injected layer (its heads, feed-forward "
+                        "width and rope base), fc passing that layer's input through; default: random weights")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
@@ -231,8 +234,15 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
         mask_id = unused[0]
 
     n_head = _pick_heads(info.n_embd)
-    shape = DraftShape(n_embd=info.n_embd, n_layer=args.draft_layers, n_head=n_head, n_head_kv=_pick_kv_heads(n_head),
-                       block_size=args.block_size, target_layers=layers, rms_eps=1e-6, rope_theta=10000.0,
+    heads = dict(n_head=n_head, n_head_kv=_pick_kv_heads(n_head), n_ff=0, rope_theta=10000.0)
+    if args.init_from_target:
+        arch = info.get("general.architecture")
+        heads = dict(n_head=int(info.get(f"{arch}.attention.head_count")),
+                     n_head_kv=int(info.get(f"{arch}.attention.head_count_kv") or info.get(f"{arch}.attention.head_count")),
+                     n_ff=int(info.get(f"{arch}.feed_forward_length")),
+                     rope_theta=float(info.get(f"{arch}.rope.freq_base") or 10000.0))
+    shape = DraftShape(n_embd=info.n_embd, n_layer=args.draft_layers, **heads,
+                       block_size=args.block_size, target_layers=layers, rms_eps=1e-6,
                        context_length=max(2048, info.n_ctx_train or 0),
                        markov_rank=args.markov_rank if args.algorithm == "dspark" else 0,
                        confidence_head=args.algorithm == "dspark" and not args.no_confidence_head)
@@ -246,6 +256,12 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
         vocab = choose_vocab(counts, n_vocab_keep, end_tokens(info))
         say(f"reduced vocabulary: {len(vocab)} tokens cover {coverage(counts, vocab):.4f} of the training answer tokens")
     model = DraftModel(shape, emb, head, vocab=vocab if args.train_vocab else None)
+    if args.init_from_target:
+        from .target_init import init_from_target, last_feature
+
+        src_layer, feature_index = last_feature(layers)
+        init_from_target(model, model_path, src_layer, feature_index, seed=args.seed)
+        say(f"draft layers start from target layer {src_layer} (feature {feature_index} passed through)")
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
                       seed=args.seed, amp=not args.no_amp, eval_every=args.eval_every, patience=args.patience,
                       max_seconds=args.train_minutes * 60.0)
