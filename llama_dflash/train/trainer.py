@@ -188,8 +188,11 @@ def _lr_at(step: int, cfg: TrainConfig, seconds: float = 0.0) -> float:
     """Linear warm-up, then cosine to 10%; with a time limit the schedule follows whichever of
     steps and seconds is further along, so a time-limited run still ends at the low rate."""
     warm = max(1, int(cfg.warmup * cfg.steps))
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
+    warm_frac = (step + 1) / warm
+    if cfg.max_seconds and cfg.warmup > 0:  # a time-limited run warms up for its share of the time too
+        warm_frac = max(warm_frac, seconds / (cfg.warmup * cfg.max_seconds))
+    if warm_frac < 1.0:
+        return cfg.lr * warm_frac
     p = (step - warm) / max(1, cfg.steps - warm)
     if cfg.max_seconds:
         p = max(p, seconds / cfg.max_seconds)

@@ -139,3 +139,17 @@ def test_proxy_is_the_cumulative_match_of_the_greedy_chain(tiny_target, cache, m
     state["mode"] = "first only"
     r = proxy_acceptance(m, cache, [0, 1], mask_id=3, n_read=3)
     assert r["acceptance_per_position"] == [1.0, 0.0, 0.0]
+
+
+def test_time_limited_schedule_warms_up_for_its_share_of_the_time():
+    from llama_dflash.train.trainer import _lr_at
+
+    # --steps far beyond what --train-minutes allows: warm-up must not wait for 5% of the steps
+    cfg = TrainConfig(steps=20_000, lr=1e-3, warmup=0.05, max_seconds=600.0)
+    assert _lr_at(10, cfg, seconds=5.0) < 0.2e-3  # still warming up early on
+    assert _lr_at(100, cfg, seconds=60.0) > 0.9e-3  # 10% of the time gone: at the peak (cosine barely started)
+    assert _lr_at(200, cfg, seconds=600.0) == pytest.approx(1e-4)  # ends at the low rate
+    # without a time limit the step count alone decides, as before
+    plain = TrainConfig(steps=1000, lr=1e-3, warmup=0.05)
+    assert _lr_at(24, plain) == pytest.approx(0.5e-3)
+    assert _lr_at(49, plain) == pytest.approx(1e-3, rel=1e-4)
