@@ -236,11 +236,9 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
     n_head = _pick_heads(info.n_embd)
     heads = dict(n_head=n_head, n_head_kv=_pick_kv_heads(n_head), n_ff=0, rope_theta=10000.0)
     if args.init_from_target:
-        arch = info.get("general.architecture")
-        heads = dict(n_head=int(info.get(f"{arch}.attention.head_count")),
-                     n_head_kv=int(info.get(f"{arch}.attention.head_count_kv") or info.get(f"{arch}.attention.head_count")),
-                     n_ff=int(info.get(f"{arch}.feed_forward_length")),
-                     rope_theta=float(info.get(f"{arch}.rope.freq_base") or 10000.0))
+        from .target_init import target_attention_shape
+
+        heads = target_attention_shape(info)
     shape = DraftShape(n_embd=info.n_embd, n_layer=args.draft_layers, **heads,
                        block_size=args.block_size, target_layers=layers, rms_eps=1e-6,
                        context_length=max(2048, info.n_ctx_train or 0),

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..writer import copy_fields, tensor_payload
 
-__all__ = ["load_target_head", "read_draft_tensors", "reduce_head", "rewrite_draft"]
+__all__ = ["dequantize_tensor", "load_target_head", "read_draft_tensors", "reduce_head", "rewrite_draft"]
 
 
 def _dequantized(reader) -> dict[str, np.ndarray]:
@@ -32,24 +32,26 @@ def _dequantized(reader) -> dict[str, np.ndarray]:
     return out
 
 
+def dequantize_tensor(t) -> np.ndarray:
+    """One GGUFReader tensor as a writable float32 array: [rows, row length] for matrices, flat
+    for vectors."""
+    from gguf.quants import dequantize
+
+    arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    arr = arr.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else arr.reshape(-1)
+    return arr.copy() if not arr.flags.writeable or not arr.flags.c_contiguous else arr
+
+
 def load_target_head(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(token_embd [n_vocab, n_embd], output head [n_vocab, n_embd]) of a target, dequantized to
     float32. A target without `output.weight` ties the head to token_embd (the same array)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
-    reader = GGUFReader(path, "r")
-    tensors = {t.name: t for t in reader.tensors}
-
-    def load(name: str) -> np.ndarray:
-        t = tensors[name]
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1, int(t.shape[0]))
-        return arr.copy() if not arr.flags.writeable or not arr.flags.c_contiguous else arr
-
+    tensors = {t.name: t for t in GGUFReader(path, "r").tensors}
     if "token_embd.weight" not in tensors:
         raise ValueError(f"{path}: no token_embd.weight tensor")
-    emb = load("token_embd.weight")
-    head = load("output.weight") if "output.weight" in tensors else emb
+    emb = dequantize_tensor(tensors["token_embd.weight"])
+    head = dequantize_tensor(tensors["output.weight"]) if "output.weight" in tensors else emb
     return emb, head
 
 

@@ -19,9 +19,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .draftfile import dequantize_tensor
 from .model import DraftModel
 
-__all__ = ["INTERLEAVED_ROPE_ARCHS", "target_layer_weights", "init_from_target", "last_feature"]
+__all__ = ["INTERLEAVED_ROPE_ARCHS", "target_attention_shape", "target_layer_weights", "init_from_target", "last_feature"]
 
 #: target architectures whose GGUF q/k rows are permuted for llama.cpp's interleaved rope
 INTERLEAVED_ROPE_ARCHS = frozenset({"llama", "mistral", "granite", "smollm3"})
@@ -34,35 +35,37 @@ def _halves_order(w: np.ndarray, n_head: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n_head, d // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols))
 
 
+def target_attention_shape(info) -> dict:
+    """The target's heads, KV heads, feed-forward width and rope base (DraftShape keywords), which
+    a draft copying its layers must share. `info`: the target's `inspect.read_gguf` result."""
+    arch = info.get("general.architecture")
+    n_head = int(info.get(f"{arch}.attention.head_count"))
+    return dict(n_head=n_head, n_head_kv=int(info.get(f"{arch}.attention.head_count_kv") or n_head),
+                n_ff=int(info.get(f"{arch}.feed_forward_length")),
+                rope_theta=float(info.get(f"{arch}.rope.freq_base") or 10000.0))
+
+
 def target_layer_weights(path: str, layer: int) -> dict[str, np.ndarray]:
     """Dequantized float32 weights of target layer `layer` plus `output_norm.weight`, q/k rows in
     halves (NEOX) order. Keys: attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
     ffn_up, ffn_down, output_norm."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     from ..inspect import read_gguf
 
     info = read_gguf(path)
-    arch = info.get("general.architecture")
-    reader = GGUFReader(path, "r")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in GGUFReader(path, "r").tensors}
     p = f"blk.{layer}."
     names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
     missing = [p + n + ".weight" for n in names if p + n + ".weight" not in tensors]
     if missing or "output_norm.weight" not in tensors:
         raise ValueError(f"{path}: cannot start the draft from layer {layer}: missing {missing or ['output_norm.weight']}")
-
-    def load(name: str) -> np.ndarray:
-        t = tensors[name]
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        return arr.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else arr.reshape(-1).copy()
-
-    out = {n: load(p + n + ".weight") for n in names}
-    out["output_norm"] = load("output_norm.weight")
-    if arch in INTERLEAVED_ROPE_ARCHS:
-        out["attn_q"] = _halves_order(out["attn_q"], int(info.get(f"{arch}.attention.head_count")))
-        out["attn_k"] = _halves_order(out["attn_k"], int(info.get(f"{arch}.attention.head_count_kv")))
+    out = {n: dequantize_tensor(tensors[p + n + ".weight"]) for n in names}
+    out["output_norm"] = dequantize_tensor(tensors["output_norm.weight"])
+    if info.get("general.architecture") in INTERLEAVED_ROPE_ARCHS:
+        shape = target_attention_shape(info)
+        out["attn_q"] = _halves_order(out["attn_q"], shape["n_head"])
+        out["attn_k"] = _halves_order(out["attn_k"], shape["n_head_kv"])
     return out
 
 
