@@ -138,8 +138,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompts gives the data itself: use it without --data mix (or with --data prompts)")
     if args.train_minutes < 0:
         raise ValueError(f"--train-minutes must be >= 0, not {args.train_minutes}")
-    if args.train_vocab and args.algorithm == "dspark":
-        raise ValueError("--train-vocab is not supported with --algorithm dspark")
     if args.train_vocab and args.train_vocab > info.n_vocab:
         raise ValueError(f"--train-vocab must be <= {info.n_vocab}, not {args.train_vocab}")
     if args.train_vocab and args.reduce_vocab is not None and args.reduce_vocab != args.train_vocab:

@@ -21,6 +21,9 @@ def export_draft(model: DraftModel, path: str, *, target_path: str, mask_token_i
     if vocab is not None:
         from .draftfile import reduce_head
 
+        if model.d2t is not None:  # trained against a reduced head: its rows (and markov_w2's) are in d2t order
+            weights["output.weight"] = model.head.detach().cpu().float().numpy()
+            weights["d2t"] = model.d2t.cpu().numpy()
         weights = reduce_head(weights, vocab, target_path)
         d2t = weights.pop("d2t")
     return write_draft(path, model.shape, weights, tokenizer_from=target_path, mask_token_id=mask_token_id,

@@ -71,16 +71,21 @@ class DraftModel(nn.Module):
     def __init__(self, shape: DraftShape, tok_embd: np.ndarray, head: np.ndarray,
                  vocab: Optional[np.ndarray] = None):
         """`vocab` (sorted target ids): train against those rows of the head only (a reduced
-        draft vocabulary, exported with the same ids as `d2t`); logits are then over vocab rows."""
+        draft vocabulary, exported with the same ids as `d2t`); logits are then over vocab rows.
+        DSpark's `markov_w1` stays over the whole target vocabulary (its input is the previous
+        target token) and `markov_w2` covers the head rows, as llama.cpp reads them with `d2t`."""
         super().__init__()
         self.shape = s = shape
         self.register_buffer("d2t", None, persistent=False)
+        self.register_buffer("_t2d", None, persistent=False)
+        n_target_vocab = int(tok_embd.shape[0])
         if vocab is not None:
-            if shape.markov_rank > 0:
-                raise ValueError("a reduced training vocabulary is not supported for DSpark drafts")
             vocab = np.asarray(vocab, dtype=np.int64)
             head = head[vocab]
             self.register_buffer("d2t", torch.from_numpy(vocab), persistent=False)
+            t2d = np.full(n_target_vocab, -100, dtype=np.int64)
+            t2d[vocab] = np.arange(len(vocab))
+            self.register_buffer("_t2d", torch.from_numpy(t2d), persistent=False)
         e = s.n_embd
         self.fc = nn.Linear(len(s.target_layers) * e, e, bias=False)
         self.enc_norm = RMSNorm(e, s.rms_eps)
@@ -101,9 +106,9 @@ class DraftModel(nn.Module):
             nn.init.normal_(l.down.weight, std=0.3 / math.sqrt(l.down.in_features))
         self.markov_w1 = self.markov_w2 = self.conf_proj = None
         if s.markov_rank > 0:
-            n_vocab, r = self.head.shape[0], s.markov_rank
-            self.markov_w1 = nn.Parameter(torch.randn(n_vocab, r) / math.sqrt(r))
-            self.markov_w2 = nn.Parameter(torch.zeros(n_vocab, r))  # starts as plain DFlash
+            r = s.markov_rank
+            self.markov_w1 = nn.Parameter(torch.randn(n_target_vocab, r) / math.sqrt(r))
+            self.markov_w2 = nn.Parameter(torch.zeros(self.head.shape[0], r))  # starts as plain DFlash
             if s.confidence_head:
                 self.conf_proj = nn.Linear(e + r, 1)
                 nn.init.zeros_(self.conf_proj.weight)
@@ -156,11 +161,14 @@ class DraftModel(nn.Module):
 
     def t2d(self) -> Optional[np.ndarray]:
         """Target id -> draft head row (-100 outside a reduced vocabulary); None for a full head."""
-        if self.d2t is None:
-            return None
-        out = np.full(int(self.tok_embd.shape[0]), -100, dtype=np.int64)
-        out[self.d2t.cpu().numpy()] = np.arange(len(self.d2t))
-        return out
+        return None if self._t2d is None else self._t2d.cpu().numpy().copy()
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids (-100: no label) -> rows of this draft's head (-100 outside a reduced
+        vocabulary): the labels the head is trained against."""
+        if self._t2d is None:
+            return ids
+        return torch.where(ids >= 0, self._t2d[ids.clamp_min(0)], torch.full_like(ids, -100))
 
     # ---- pieces --------------------------------------------------------------------------
     def context_kv(self, features: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

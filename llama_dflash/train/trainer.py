@@ -58,13 +58,12 @@ def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int])
 
 
 def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
-               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False,
-               t2d: Optional[np.ndarray] = None):
-    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B].
+               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False):
+    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]
+    (target token ids, -100 where there is none; `DraftModel.head_rows` maps them to a reduced head).
 
     Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
-    `anchor_first` (DSpark) the token at a+j+1. `t2d` maps labels to a reduced head's rows
-    (-100, i.e. ignored, outside it)."""
+    `anchor_first` (DSpark) the token at a+j+1."""
     items = []
     for i in idx:
         toks, feats, plen = cache.get(i)
@@ -93,8 +92,6 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
             for j in range(1 - shift, block):
                 if a + j + shift < L:
                     labels[n, m, j] = toks[a + j + shift]
-    if t2d is not None:
-        labels = np.where(labels >= 0, t2d[labels.clip(0)], -100)
     t = torch.from_numpy
     return t(feats), t(valid), t(btoks), t(anc), t(labels)
 
@@ -105,18 +102,20 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0)
 
     DSpark: the Markov bias uses the true previous token (teacher forcing); the confidence head
     learns, by BCE on detached inputs, whether each slot of the greedy chain llama.cpp runs would
-    be accepted (that slot and every earlier one right)."""
+    be accepted (that slot and every earlier one right). Labels are target ids; tokens outside
+    a reduced head are not trained on but still condition the Markov head of the next slot."""
     feats, valid, btoks, anc, labels = batch
     first = model.first_slot
     hid = model(feats, valid, btoks, anc, return_hidden=True)[:, :, first:]  # [N, M, S, E]
-    lab = labels[:, :, first:]
+    ids = labels[:, :, first:]
+    lab = model.head_rows(ids)
     S = lab.shape[-1]
     w = torch.exp(-torch.arange(S, dtype=torch.float32, device=lab.device) / gamma).expand_as(lab)
     keep = lab >= 0
     prev = None
     if model.is_dspark:
         # slot k's previous token: the anchor's, then the labels before it
-        prev = torch.cat([btoks[:, :, :1], lab[..., :-1].clamp_min(0)], dim=-1)
+        prev = torch.cat([btoks[:, :, :1], ids[..., :-1].clamp_min(0)], dim=-1)
     logits = model.logits(hid[keep], None if prev is None else prev[keep])
     ce = F.cross_entropy(logits.float(), lab[keep], reduction="none")
     ww = w[keep]
@@ -131,7 +130,7 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0)
             acc = float((pred == lab[..., 0][first_keep]).float().mean())
     if model.conf_proj is not None and n1:
         toks, chain_prev, _ = model.greedy_chain(hid.detach(), btoks[:, :, 0])
-        accepted = torch.cumprod((toks == lab).to(torch.float32), dim=-1)
+        accepted = torch.cumprod((toks == ids).to(torch.float32), dim=-1)
         z = model.confidence(hid.detach(), chain_prev)
         bce = F.binary_cross_entropy_with_logits(z[keep].float(), accepted[keep])
         loss = loss + conf_weight * bce
@@ -232,7 +231,6 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
         es = EarlyStop.from_dict(ck.get("early_stop"), cfg.patience)
     dist.broadcast_params(params)
     rng = np.random.default_rng([cfg.seed, start, dist.rank])
-    t2d = model.t2d()
     best_path = _best_path(ckpt_path) if ckpt_path else None
     best_state = None
 
@@ -285,7 +283,7 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
             g["lr"] = lr = _lr_at(step, cfg, seconds0 + time.time() - t0)
         idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
         batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context,
-                           anchor_first=model.first_slot == 0, t2d=t2d)
+                           anchor_first=model.first_slot == 0)
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         with autocast(device, cfg.amp):
             loss, acc, _ = block_loss(model, batch, gamma)

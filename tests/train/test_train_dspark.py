@@ -93,3 +93,42 @@ def test_train_cli_dspark_end_to_end(cycle_target, tmp_path):
     assert rep["parity"]["agreement"] >= 0.99 and rep["parity"]["slots"] >= 40
     acc = rep["eval"]["acceptance_per_position"]
     assert len(acc) == 4 and min(acc) >= 0.85, rep["eval"]  # anchor-first: 4 draft tokens per block of 4
+
+
+def test_dspark_with_a_reduced_vocabulary_trains_and_matches_llama_cpp(tiny_target, tmp_path):
+    """markov_w1 stays over the target vocabulary (its input is the previous target token),
+    markov_w2 and the head cover the reduced rows; llama.cpp scatters both through d2t."""
+    from llama_dflash.inspect import read_gguf, validate_pair
+    from llama_dflash.train.draftfile import read_draft_tensors
+    from llama_dflash.train.vocab import choose_vocab, count_tokens
+
+    cache = build_cache(str(tmp_path / "d"), tiny_target, ["the cat is on the mat", "a b c d e f", "the dog and"],
+                        target_layers=[1, 3], max_new_tokens=24, progress=False)
+    emb, head = load_target_head(tiny_target)
+    counts = count_tokens(len(emb), [cache.seqs[i].tokens for i in range(len(cache))])
+    vocab = choose_vocab(counts, 24)
+    torch.manual_seed(0)
+    shape = DraftShape(n_embd=64, n_layer=1, n_head=4, n_head_kv=2, block_size=4, target_layers=[1, 3],
+                       markov_rank=16, confidence_head=True)
+    m = DraftModel(shape, emb, head, vocab=vocab)
+    assert m.markov_w1.shape == (len(emb), 16) and m.markov_w2.shape == (24, 16) and m.head.shape == (24, 64)
+    batch = make_batch(cache, [0, 1, 2], 4, 6, 3, np.random.default_rng(1), anchor_first=True)
+    ids = batch[-1]
+    assert (m.head_rows(ids) == -100).logical_and(ids >= 0).any()  # some labels fall outside the head
+    first = float(block_loss(m, batch, 2.0)[0].detach())
+    train(m, cache, TrainConfig(steps=30, batch_size=3, anchors_per_seq=6, checkpoint_every=0, lr=3e-3),
+          mask_id=3, train_ids=[0, 1, 2], progress=False)
+    assert float(block_loss(m, batch, 2.0)[0].detach()) < first
+    with torch.no_grad():
+        m.markov_w2.normal_(0, 2.0)  # large enough to change argmaxes
+    out = export_draft(m, str(tmp_path / "r.gguf"), target_path=tiny_target, mask_token_id=3, vocab=vocab)
+    t = read_draft_tensors(out)
+    assert t["markov_w1.weight"].shape == (len(emb), 16) and t["markov_w2.weight"].shape == (24, 16)
+    assert (t["d2t"] == np.asarray(vocab)).all()
+    np.testing.assert_allclose(t["markov_w2.weight"], m.markov_w2.detach().numpy(), rtol=1e-6)
+    info = validate_pair(read_gguf(tiny_target), read_gguf(out))
+    assert info.algorithm == "dspark"
+    seqs = [(cache.get(i)[0], cache.get(i)[1].astype(np.float32)) for i in range(3)]
+    res = parity_check(m, out, tiny_target, seqs, anchors_per_seq=8, vocab=vocab)
+    assert res["slots"] >= 80 and res["agreement"] >= 0.99, res
+    assert res["confidence_max_abs_diff"] < 1e-3, res
