@@ -32,6 +32,7 @@ __all__ = [
     "validate_target",
     "validate_target_file",
     "validate_pair",
+    "detect_algorithm",
     "validate_files",
     "target_layer_limit",
     "get_int",
@@ -483,7 +484,8 @@ def _check_draft_keys(draft: GGUFInfo) -> None:
             raise IncompatibleModelError(draft.path, key, None, "present (required by the dflash architecture)")
 
 
-def _detect_algorithm(draft: GGUFInfo) -> str:
+def detect_algorithm(draft: GGUFInfo) -> str:
+    """The algorithm of a draft file: dspark when it carries a Markov head, else dflash (as llama.cpp detects it)."""
     return "dspark" if "markov_w1.weight" in draft.tensor_names else "dflash"
 
 
@@ -523,7 +525,7 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
     n_vocab = draft.n_vocab
     mask = get_int(draft, "tokenizer.ggml.mask_token_id", lo=0, hi=n_vocab - 1)
 
-    detected = _detect_algorithm(draft)
+    detected = detect_algorithm(draft)
     if algorithm != "auto" and algorithm != detected:
         what = "has a Markov head (markov_w1.weight)" if detected == "dspark" else "has no Markov head"
         raise IncompatibleModelError(

@@ -73,6 +73,17 @@ def parse_cpp_output(text: str) -> CppResult:
                      fields.get("n_drafted", 0), fields.get("n_accept", 0), steps)
 
 
+def cpp_spec_type(draft: str) -> str:
+    """The C++ driver's --spec-type for a draft file: a Markov head makes it `draft-dspark`
+    (anchor-first blocks); an unreadable file is left for the driver to refuse."""
+    from ..inspect import detect_algorithm, read_gguf
+
+    try:
+        return "draft-dspark" if detect_algorithm(read_gguf(draft)) == "dspark" else "draft-dflash"
+    except (OSError, ValueError):
+        return "draft-dflash"
+
+
 def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_predict: int, draft_n_max: int,
                       draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int, threads: Optional[int],
                       repack: bool, ignore_eos: bool = False, timeout: float = 1800) -> CppResult:
@@ -83,7 +94,7 @@ def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_pre
     without it for the timing (the log costs the driver ~6% of its speed)."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--cpp-reference {binary}: not an executable file")
-    cmd = [binary, "-m", model, "-md", draft, "--spec-type", "draft-dflash", "-p", prompt,
+    cmd = [binary, "-m", model, "-md", draft, "--spec-type", cpp_spec_type(draft), "-p", prompt,
            "-n", str(n_predict), "--spec-draft-n-max", str(draft_n_max), "--spec-draft-n-min", "0",
            "--spec-draft-p-min", str(draft_p_min), "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
            "--temp", "0", "--top-k", "1", "--repeat-penalty", "1", "-ngl", "99", "-ngld", "99"]

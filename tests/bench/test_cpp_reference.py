@@ -209,3 +209,16 @@ def test_cpp_driver_same_counts_on_tiny_pair(tmp_path, tiny_target, tiny_draft, 
     assert budget["drafted"] > 0
     assert (c["ours"]["n_accept"], c["ours"]["n_drafted"]) == (budget["accepted"], budget["drafted"]), proc.stdout
     assert c["accepted_identical"] is True
+
+
+def test_a_dspark_draft_runs_as_draft_dspark(tmp_path, tiny_target):
+    """The C++ driver is told the draft's own type: forcing draft-dflash on a DSpark draft would
+    run it without its anchor-first layout."""
+    from llama_dflash.bench.cpp_reference import cpp_spec_type
+    from llama_dflash.writer import write_random_draft
+
+    d = write_random_draft(str(tmp_path / "dspark.gguf"), tiny_target, block_size=4, markov_rank=8,
+                           confidence_head=True)
+    assert cpp_spec_type(d) == "draft-dspark"
+    assert cpp_spec_type(write_random_draft(str(tmp_path / "dflash.gguf"), tiny_target, block_size=4)) == "draft-dflash"
+    assert cpp_spec_type(str(tmp_path / "missing.gguf")) == "draft-dflash"
