@@ -301,6 +301,6 @@ def test_trained_smollm2_draft_short_proposals_are_prefixes():
         prefill(eng.target, prompt[:-1], p.inject)
         n_past = len(prompt) - 1
         full = p.propose(prompt[-1], n_past, p.n_max)
-        assert len(full) == eng.draft_info.block_size - 1
+        assert len(full) == eng.draft_info.max_draft_tokens
         for k in range(1, p.n_max):
             assert p.propose(prompt[-1], n_past, k) == full[:k]
