@@ -16,7 +16,7 @@ from typing import Optional
 __all__ = ["smollm2_path", "default_draft_path", "cache_dir", "random_draft_for", "DefaultModelMissing"]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TRAINED_DRAFT_FILE = "SmolLM2-135M-Instruct.dflash.gguf"
+TRAINED_DRAFT_FILE = "SmolLM2-135M-Instruct.dspark.gguf"  # the DFlash one ships beside it
 
 
 class DefaultModelMissing(RuntimeError):
