@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from llama_dflash.train.data import build_cache
@@ -76,7 +77,8 @@ def test_markov_and_confidence_heads_learn_and_match_llama_cpp(tiny_target, tmp_
     assert not torch.equal(with_bias, plain)
 
 
-def test_train_cli_dspark_end_to_end(cycle_target, tmp_path):
+@pytest.mark.parametrize("vocab_args", [[], ["--train-vocab", "48"]], ids=["full-head", "reduced-head"])
+def test_train_cli_dspark_end_to_end(cycle_target, tmp_path, vocab_args):
     prompts = tmp_path / "p.txt"
     letters = "abcdefghijklmnopqrstuvwxyz"
     prompts.write_text("\n".join(" ".join(letters[(i + k) % 26] for k in range(3)) for i in range(26)) + "\n")
@@ -85,11 +87,12 @@ def test_train_cli_dspark_end_to_end(cycle_target, tmp_path):
                         "--model", cycle_target, "--output", str(out), "--prompts", str(prompts), "--n-prompts", "24",
                         "--eval-prompts", "2", "--max-new-tokens", "40", "--block-size", "4", "--steps", "200",
                         "--batch-size", "4", "--anchors-per-seq", "8", "--lr", "1e-2", "--threads", "1",
-                        "--workdir", str(tmp_path / "w"), "--no-progress"],
+                        "--workdir", str(tmp_path / "w"), "--no-progress", *vocab_args],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["algorithm"] == "dspark"
+    assert rep["reduced_vocab"] == (48 if vocab_args else None)
     assert rep["parity"]["agreement"] >= 0.99 and rep["parity"]["slots"] >= 40
     acc = rep["eval"]["acceptance_per_position"]
     assert len(acc) == 4 and min(acc) >= 0.85, rep["eval"]  # anchor-first: 4 draft tokens per block of 4
