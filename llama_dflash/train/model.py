@@ -159,10 +159,6 @@ class DraftModel(nn.Module):
         conf = torch.sigmoid(self.confidence(hid, prev_t)) if self.conf_proj is not None else None
         return toks_t, prev_t, conf
 
-    def t2d(self) -> Optional[np.ndarray]:
-        """Target id -> draft head row (-100 outside a reduced vocabulary); None for a full head."""
-        return None if self._t2d is None else self._t2d.cpu().numpy().copy()
-
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Target token ids (-100: no label) -> rows of this draft's head (-100 outside a reduced
         vocabulary): the labels the head is trained against."""

@@ -36,7 +36,7 @@ def test_reduced_vocab_labels_training_and_parity(tiny_target, cache, tmp_path):
     vocab = choose_vocab(counts, 24)
     m = _model(tiny_target, vocab)
     assert m.head.shape == (24, 64)
-    t2d = m.t2d()
+    t2d = m.head_rows(torch.arange(len(emb))).numpy()  # target id -> head row, -100 outside
     assert (t2d[vocab] == np.arange(24)).all() and (np.delete(t2d, vocab) == -100).all()
     # the batch labels are target ids; the model maps them to head rows, tokens outside ignored
     red = make_batch(cache, [0, 1, 2], 5, 4, 3, np.random.default_rng(0))
