@@ -13,7 +13,6 @@ back from the cache).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import random
@@ -25,10 +24,15 @@ import numpy as np
 
 from .data import FeatureCache
 from .multigen import Job, MultiGenerator
-from .sources import (TOPICS, Prompt, builtin_source_prompts, dedupe, split_by_source, stdlib_prompts,
-                      topic_seed_prompts)
+from .sources import (TOPICS, Prompt, builtin_source_prompts, code_task_prompts, dedupe, split_by_source,
+                      stdlib_prompts, topic_chat_prompts, topic_seed_prompts)
 
-__all__ = ["MixConfig", "plan_prompts", "build_mixed_cache", "question_from_answer"]
+__all__ = ["MixConfig", "DEFAULT_WEIGHTS", "plan_prompts", "interleave", "build_mixed_cache", "question_from_answer"]
+
+#: prompts per round of each (source, kind) group. General chat is what users ask most and what a
+#: draft trained mostly on code answers worst, so it gets the largest share (~40% of the answer tokens).
+DEFAULT_WEIGHTS = {"topic/chat": 4.0, "stdlib/raw": 2.0, "stdlib/chat": 1.5, "topic/raw": 1.5, "code/raw": 1.0,
+                   "code/chat": 0.5, "builtin/chat": 1.0}
 
 
 @dataclass
@@ -37,7 +41,7 @@ class MixConfig:
     max_new_chat: int = 192
     max_new_raw: int = 128
     max_new_seed: int = 48
-    seed_samples: int = 2  # sampled questions per seed prompt
+    seed_samples: int = 1  # sampled questions per seed prompt
     sampled_every: int = 4  # every k-th training prompt also gets a T>0 answer (0: none)
     temperature: float = 0.8
     eval_fraction: float = 0.1  # share of sources held out
@@ -47,6 +51,7 @@ class MixConfig:
     seed: int = 0
     topics: Sequence[str] = TOPICS
     builtin_prompts: int = 10_000  # how many of the built-in set to draw from
+    weights: Optional[dict] = None  # "source/kind" -> prompts per round (DEFAULT_WEIGHTS; missing groups: 1)
 
 
 def question_from_answer(text: str) -> Optional[str]:
@@ -68,26 +73,36 @@ def _job_key(p: Prompt, temperature: float, seed: int) -> str:
     return hashlib.sha256(f"{p.key}\0{temperature}\0{seed}".encode()).hexdigest()[:16]
 
 
+def interleave(prompts: Sequence[Prompt], weights: Optional[dict], rng: random.Random) -> list[Prompt]:
+    """Shuffle within each (source, kind) group, then merge the groups so that any prefix holds them
+    in proportion to their weights (group g's i-th prompt sits at (i + 0.5) / weight)."""
+    w = DEFAULT_WEIGHTS if weights is None else weights
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(f"{p.source.split(':')[0]}/{p.kind}", []).append(p)
+    placed = []
+    for gi, name in enumerate(sorted(groups)):
+        g = groups[name]
+        rng.shuffle(g)
+        wt = float(w.get(name, 1.0))
+        if wt <= 0:
+            continue
+        placed.extend(((i + 0.5) / wt, gi, p) for i, p in enumerate(g))
+    placed.sort(key=lambda x: (x[0], x[1]))
+    return [p for _, _, p in placed]
+
+
 def plan_prompts(cfg: MixConfig, stdlib_root: Optional[str] = None) -> tuple[list[Prompt], list[Prompt], list[Prompt]]:
     """(seed prompts, training prompts, held-out prompts) before phase A; deduplicated, whole
-    sources held out, each list interleaved over its groups so any prefix is mixed."""
+    sources held out, each list interleaved over its groups by `cfg.weights` so any prefix is mixed."""
     rng = random.Random(cfg.seed)
-    allp = dedupe(stdlib_prompts(stdlib_root) + topic_seed_prompts(cfg.topics)
-                  + builtin_source_prompts(cfg.builtin_prompts, seed=cfg.seed))
+    allp = dedupe(stdlib_prompts(stdlib_root) + topic_seed_prompts(cfg.topics) + topic_chat_prompts(cfg.topics)
+                  + code_task_prompts() + builtin_source_prompts(cfg.builtin_prompts, seed=cfg.seed))
     train, held = split_by_source(allp, cfg.eval_fraction, salt=str(cfg.seed))
     seeds = [p for p in train if p.kind == "seed"]
     held = [p for p in held if p.kind != "seed"]
-
-    def mix(ps: list[Prompt]) -> list[Prompt]:
-        groups: dict[tuple[str, str], list[Prompt]] = {}
-        for p in ps:
-            groups.setdefault((p.source.split(":")[0], p.kind), []).append(p)
-        gl = [groups[k] for k in sorted(groups)]
-        for g in gl:
-            rng.shuffle(g)
-        return [p for row in itertools.zip_longest(*gl) for p in row if p is not None]
-
-    return seeds, mix([p for p in train if p.kind != "seed"]), mix(held)
+    return (seeds, interleave([p for p in train if p.kind != "seed"], cfg.weights, rng),
+            interleave(held, {}, rng))
 
 
 def build_mixed_cache(root: str, model_path: str, cfg: MixConfig, *, target_layers: Sequence[int],
@@ -171,20 +186,8 @@ def build_mixed_cache(root: str, model_path: str, cfg: MixConfig, *, target_laye
                                                                if not model.is_eog(int(x))]))
                     if q:
                         questions.append(Prompt(q, j.tag["source"], "chat"))
-            questions = dedupe(questions)
-            rnd = random.Random(cfg.seed + 1)
-            rnd.shuffle(questions)
-            # interleave the questions into the training prompts
-            step = max(1, len(train_prompts) // max(1, len(questions)))
-            merged: list[Prompt] = []
-            qi = iter(questions)
-            for i, p in enumerate(train_prompts):
-                merged.append(p)
-                if i % step == step - 1:
-                    q = next(qi, None)
-                    if q is not None:
-                        merged.append(q)
-            merged.extend(qi)
+            # the target's own questions join the topic chat group, in its share of every prefix
+            merged = interleave(dedupe(train_prompts + questions), cfg.weights, random.Random(cfg.seed + 1))
 
             def phase_b():
                 n_ev = eval_n

@@ -62,3 +62,34 @@ def test_mixed_cache_splits_and_resumes(tmp_path, tiny_target, fake_stdlib):
 
     counts = counts_from_cache(1 << 16, str(tmp_path))
     assert counts.sum() == sum(len(s.tokens) - s.prompt_len for s in c3.seqs if s.split == "train")
+
+
+def test_interleave_keeps_every_prefix_in_proportion_to_the_weights():
+    import random
+
+    from llama_dflash.train.dataset import interleave
+    from llama_dflash.train.sources import Prompt
+
+    ps = [Prompt(f"a{i}", "topic:x") for i in range(300)] + [Prompt(f"b{i}", "stdlib:y", "raw") for i in range(300)]
+    out = interleave(ps, {"topic/chat": 3.0, "stdlib/raw": 1.0}, random.Random(0))
+    assert sorted(p.text for p in out) == sorted(p.text for p in ps)  # a permutation
+    for n in (8, 40, 200):
+        share = sum(p.source == "topic:x" for p in out[:n]) / n
+        assert abs(share - 0.75) <= 1.0 / n + 1e-9
+    # a group with weight 0 is left out; unnamed groups weigh 1
+    assert all(p.source == "stdlib:y" for p in interleave(ps, {"topic/chat": 0}, random.Random(0)))
+
+
+def test_plan_gives_general_chat_its_share_of_the_first_prompts(fake_stdlib):
+    """General chat is what users ask most: the first prompts (which a token budget keeps) hold
+    topic chat in the default weight's share, not a trickle spread over the whole plan."""
+    from llama_dflash.train.dataset import DEFAULT_WEIGHTS
+
+    cfg = MixConfig(topics=TOPICS + tuple(f"topic {i}" for i in range(40)), builtin_prompts=2000, eval_fraction=0.1)
+    _, train, _ = plan_prompts(cfg, fake_stdlib)
+    head = train[:100]
+    topic_chat = sum(p.source.startswith("topic:") and p.kind == "chat" for p in head)
+    groups = {f"{p.source.split(':')[0]}/{p.kind}" for p in train}
+    expect = DEFAULT_WEIGHTS["topic/chat"] / sum(DEFAULT_WEIGHTS.get(g, 1.0) for g in groups)
+    assert topic_chat >= 100 * expect - 5
+    assert any(p.source.startswith("code:") and p.kind == "raw" for p in head)

@@ -1,8 +1,8 @@
 """Prompt sources of the mixed data set: stdlib functions, topic seeds, held-out split, dedupe."""
 
 from llama_dflash.train.dataset import question_from_answer
-from llama_dflash.train.sources import (Prompt, dedupe, held_out, split_by_source, stdlib_prompts,
-                                        topic_seed_prompts)
+from llama_dflash.train.sources import (CODE_TASKS, Prompt, code_task_prompts, dedupe, held_out, split_by_source,
+                                        stdlib_prompts, topic_chat_prompts, topic_seed_prompts)
 
 
 def test_stdlib_prompts_raw_and_chat(fake_stdlib):
@@ -48,3 +48,32 @@ def test_topic_seeds_and_questions():
     assert question_from_answer('A curious person might ask: "How do bees make honey?"') == "How do bees make honey?"
     assert question_from_answer("Question: Why do bees dance?\n\nMore text") == "Why do bees dance?"
     assert question_from_answer("ok") is None
+
+
+def test_topic_chat_and_code_task_prompts():
+    chat = topic_chat_prompts(["bees", "tea"])
+    assert len(chat) == 2 * len({p.text for p in chat if p.source == "topic:bees"})
+    assert all(p.kind == "chat" and p.source in ("topic:bees", "topic:tea") for p in chat)
+    assert "How does bees work?" in {p.text for p in chat}
+    code = code_task_prompts([("gcd(a, b)", "Return the greatest common divisor."), ("class Point:", "A point.")])
+    raw = {p.source: p.text for p in code if p.kind == "raw"}
+    assert raw["code:gcd"] == 'def gcd(a, b):\n    """Return the greatest common divisor."""\n'
+    assert raw["code:Point"].startswith('class Point:\n    """A point."""\n')
+    assert {p.source for p in code if p.kind == "chat"} == {"code:gcd", "code:Point"}
+    assert len({p.source for p in code_task_prompts()}) == len(CODE_TASKS)  # one source per task
+
+
+def test_shipped_held_out_bench_prompts_are_in_no_training_source():
+    """The bench prompts in llama_dflash/drafts/heldout_*.jsonl check drafts on text they never saw."""
+    import json
+    from pathlib import Path
+
+    import llama_dflash
+
+    drafts = Path(llama_dflash.__file__).parent / "drafts"
+    chat = [json.loads(x)["prompt"] for x in (drafts / "heldout_chat.jsonl").read_text().splitlines() if x.strip()]
+    code = [json.loads(x)["prompt"] for x in (drafts / "heldout_code.jsonl").read_text().splitlines() if x.strip()]
+    planned = {p.text for p in topic_chat_prompts() + topic_seed_prompts() + code_task_prompts()}
+    assert not planned & set(chat + code)
+    names = {c.split("(")[0].split(":")[0].split()[-1] for c in code}  # fizzbuzz, merge_intervals, Stack, ...
+    assert len(names) == len(code) and not names & {p.source.split(":")[1] for p in code_task_prompts()}
