@@ -41,7 +41,22 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "--prompts): --prompts or the built-in set, chat-wrapped, one sequence at a time")
     p.add_argument("--data-tokens", type=int, default=300_000,
                    help="mix: generate until the training answers reach this many tokens (default 300000)")
-    p.add_argument("--n-seq", type=int, default=8, help="mix: sequences per target decode (default 8)")
+    p.add_argument("--n-seq", type=int, default=8,
+                   help="mix: sequences per target decode, or per batch with --data-backend torch (default 8; "
+                        "a GPU takes 256 or more)")
+    p.add_argument("--data-backend", choices=("llama.cpp", "torch"), default="llama.cpp",
+                   help="mix: what answers the prompts: llama.cpp (default), or torch, a PyTorch copy of the target "
+                        "rebuilt from its GGUF on --device, hundreds of sequences per batch on a GPU (llama targets)")
+    p.add_argument("--sampled-every", type=int, default=4,
+                   help="mix: every N-th training prompt also gets a sampled (T=0.8) answer; 1: every prompt, "
+                        "0: none (default 4)")
+    p.add_argument("--seed-samples", type=int, default=1,
+                   help="mix: questions the target writes per topic seed (default 1)")
+    p.add_argument("--data-only", action="store_true",
+                   help="stop after making (or completing) the data in --workdir; a later run trains on it")
+    p.add_argument("--reuse-data", action="store_true",
+                   help="train on the data already in --workdir as it is, generating nothing (e.g. several "
+                        "draft shapes on one data set, or data made elsewhere)")
     p.add_argument("--eval-seqs", type=int, default=48, help="mix: held-out greedy sequences (default 48)")
     p.add_argument("--n-prompts", type=int, default=300, help="training prompts to use (default 300)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for evaluation (default 8)")
@@ -132,10 +147,19 @@ def run(args: argparse.Namespace) -> int:
                  "data_tokens", "n_seq"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--eval-prompts", args.eval_prompts, 0)
-    for name in ("eval_seqs", "train_vocab", "eval_every", "patience", "eval_draft_tokens"):
+    _positive("--seed-samples", args.seed_samples)
+    for name in ("eval_seqs", "train_vocab", "eval_every", "patience", "eval_draft_tokens", "sampled_every"):
         _positive("--" + name.replace("_", "-"), getattr(args, name), 0)
     if args.data == "mix" and args.prompts:
         raise ValueError("--prompts gives the data itself: use it without --data mix (or with --data prompts)")
+    if args.data_backend == "torch" and (args.data == "prompts" or args.prompts):
+        raise ValueError("--data-backend torch makes the mix data only (use it without --prompts / --data prompts)")
+    if args.data_backend == "torch":
+        from .torchgen import TORCH_ARCHS
+
+        if info.architecture not in TORCH_ARCHS:
+            raise ValueError(f"--data-backend torch runs {', '.join(TORCH_ARCHS)} targets, not {info.architecture!r}; "
+                             "use --data-backend llama.cpp")
     if args.train_minutes < 0:
         raise ValueError(f"--train-minutes must be >= 0, not {args.train_minutes}")
     if args.train_vocab and args.train_vocab > info.n_vocab:
@@ -176,6 +200,24 @@ def run(args: argparse.Namespace) -> int:
         dist.close()
 
 
+def _existing_cache(data_dir: str, model_path: str, layers) -> "FeatureCache":
+    """--reuse-data: the cache in data_dir, checked against this target and these layers."""
+    from .data import FeatureCache
+
+    meta_path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise ValueError(f"--reuse-data: no data in {data_dir} (make it first, e.g. with --data-only)")
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta.get("model") != os.path.basename(model_path) or list(meta.get("target_layers", [])) != list(layers):
+        raise ValueError(f"--reuse-data: the data in {data_dir} was made from {meta.get('model')} layers "
+                         f"{meta.get('target_layers')}, not {os.path.basename(model_path)} layers {list(layers)}")
+    cache = FeatureCache(data_dir)
+    if not cache.ids("train"):
+        raise ValueError(f"--reuse-data: the data in {data_dir} holds no training sequences")
+    return cache
+
+
 def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap, t_start) -> int:
     import numpy as np
 
@@ -195,19 +237,23 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
     t0 = time.time()
     mix = (args.data or ("prompts" if args.prompts else "mix")) == "mix"
     data_dir = os.path.join(workdir, "mix" if mix else "data")
-    if dist.main:  # one process makes the data; the others wait and read it
+    if args.reuse_data:
+        cache = _existing_cache(data_dir, model_path, layers)
+    elif dist.main:  # one process makes the data; the others wait and read it
         if mix:
             from .dataset import MixConfig, build_mixed_cache
 
-            mcfg = MixConfig(answer_tokens=args.data_tokens, n_seq=args.n_seq, eval_seqs=args.eval_seqs, seed=args.seed)
+            mcfg = MixConfig(answer_tokens=args.data_tokens, n_seq=args.n_seq, eval_seqs=args.eval_seqs, seed=args.seed,
+                             sampled_every=args.sampled_every, seed_samples=args.seed_samples)
             cache = build_mixed_cache(data_dir, model_path, mcfg, target_layers=layers, wrap=wrap,
-                                      n_threads=args.threads, progress=progress, n_gpu_layers=args.n_gpu_layers)
+                                      n_threads=args.threads, progress=progress, n_gpu_layers=args.n_gpu_layers,
+                                      backend=args.data_backend, device=device)
         else:
             cache = build_cache(data_dir, model_path, train_prompts, target_layers=layers,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                 n_threads=args.threads, progress=progress, wrap=wrap, n_gpu_layers=args.n_gpu_layers)
     dist.barrier()
-    if not dist.main:
+    if not dist.main and not args.reuse_data:
         cache = FeatureCache(data_dir)
         if not mix:
             cache.truncate(len(train_prompts))
@@ -217,6 +263,12 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
     n_train_tokens = sum(len(cache.seqs[i].tokens) - cache.seqs[i].prompt_len for i in train_ids)
     say(f"data: {len(cache)} sequences, {cache.n_rows} rows ({n_train_tokens} training answer tokens, "
         f"{len(eval_ids)} held-out sequences) in {t_data:.0f}s")
+    if args.data_only:
+        if dist.main:
+            print(json.dumps({"data": data_dir, "sequences": len(cache), "rows": cache.n_rows,
+                              "train_answer_tokens": n_train_tokens, "eval_sequences": len(eval_ids),
+                              "data_seconds": round(t_data, 1)}, indent=1))
+        return 0
 
     used = set()
     for s in cache.seqs:
@@ -267,6 +319,12 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
 
         evaluate = lambda m: proxy_acceptance(m, cache, eval_ids, mask_id=mask_id, n_read=args.eval_draft_tokens or 4,
                                               stride=2)  # noqa: E731
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the PyTorch data backend's KV cache
+        if cache.to_device(device):
+            say(f"features: {cache.n_rows} rows on {device} ({cache.n_rows * cache.width * 2 / 2**30:.1f} GiB)")
     t0 = time.time()
     summary = train(model, cache, cfg, mask_id=mask_id, train_ids=train_ids,
                     ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress, device=device, dist=dist,

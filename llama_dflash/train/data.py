@@ -52,11 +52,31 @@ class FeatureCache:
                                                    o.get("split", "train"), o.get("kind", "chat"),
                                                    float(o.get("temperature", 0.0))))
         self.n_rows = sum(len(s.tokens) for s in self.seqs)
+        self.device_features = None  # to_device(): the rows as one float16 tensor on a GPU
         fpath = os.path.join(root, "features.f16")
         if self.n_rows:
             self.features = np.memmap(fpath, dtype=np.float16, mode="r", shape=(self.n_rows, self.width))
         else:
             self.features = np.zeros((0, self.width), dtype=np.float16)
+
+    def to_device(self, device, max_fraction: float = 0.5) -> bool:
+        """Copy every feature row to `device` once (float16), so training batches are gathered
+        there instead of copied row by row on the host; on a GPU the host copy, not the draft, is
+        what limits the step rate. Skipped (False) on the CPU or when the rows would take more than
+        `max_fraction` of the device's free memory."""
+        import torch
+
+        device = torch.device(device)
+        if device.type != "cuda" or not self.n_rows:
+            return False
+        free, _ = torch.cuda.mem_get_info(device)
+        if self.n_rows * self.width * 2 > max_fraction * free:
+            return False
+        self.device_features = torch.empty((self.n_rows, self.width), dtype=torch.float16, device=device)
+        step = 1 << 20
+        for a in range(0, self.n_rows, step):
+            self.device_features[a:a + step] = torch.from_numpy(np.ascontiguousarray(self.features[a:a + step]))
+        return True
 
     def truncate(self, n: int) -> None:
         """Use only the first n sequences (the file is left as it is)."""

@@ -27,7 +27,10 @@ from .multigen import Job, MultiGenerator
 from .sources import (TOPICS, Prompt, builtin_source_prompts, code_task_prompts, dedupe, split_by_source,
                       stdlib_prompts, topic_chat_prompts, topic_seed_prompts)
 
-__all__ = ["MixConfig", "DEFAULT_WEIGHTS", "plan_prompts", "interleave", "build_mixed_cache", "question_from_answer"]
+__all__ = ["DATA_BACKENDS", "MixConfig", "DEFAULT_WEIGHTS", "plan_prompts", "interleave", "build_mixed_cache", "question_from_answer"]
+
+#: what answers the prompts: llama.cpp (MultiGenerator) or a PyTorch copy of the target (torchgen.py)
+DATA_BACKENDS = ("llama.cpp", "torch")
 
 #: prompts per round of each (source, kind) group. General chat is what users ask most and what a
 #: draft trained mostly on code answers worst, so it gets the largest share (~40% of the answer tokens).
@@ -107,7 +110,11 @@ def plan_prompts(cfg: MixConfig, stdlib_root: Optional[str] = None) -> tuple[lis
 
 def build_mixed_cache(root: str, model_path: str, cfg: MixConfig, *, target_layers: Sequence[int],
                       wrap: Callable[[str], str], n_threads: Optional[int] = None, progress: bool = True,
-                      stdlib_root: Optional[str] = None, n_gpu_layers: int = -1) -> FeatureCache:
+                      stdlib_root: Optional[str] = None, n_gpu_layers: int = -1, backend: str = "llama.cpp",
+                      device: object = "cpu") -> FeatureCache:
+    """backend "llama.cpp" answers cfg.n_seq sequences per decode with MultiGenerator; "torch" answers
+    cfg.n_seq per batch with a PyTorch copy of the target on `device` (torchgen.py; llama.cpp then
+    only tokenizes)."""
     from .._llama import Model, set_verbose
     from ..inspect import read_gguf
 
@@ -137,9 +144,18 @@ def build_mixed_cache(root: str, model_path: str, cfg: MixConfig, *, target_laye
     train_tokens = sum(len(s.tokens) - s.prompt_len for s in cache.seqs if s.split == "train")
     eval_n = sum(1 for s in cache.seqs if s.split == "eval")
 
+    if backend not in DATA_BACKENDS:
+        raise ValueError(f"data backend must be one of {', '.join(DATA_BACKENDS)}, not {backend!r}")
     seeds, train_prompts, held = plan_prompts(cfg, stdlib_root)
-    model = Model(model_path, n_gpu_layers=n_gpu_layers)
-    gen = MultiGenerator(model, target_layers, n_seq=cfg.n_seq, n_ctx_seq=cfg.n_ctx_seq, n_threads=n_threads)
+    if backend == "torch":
+        from .torchgen import TorchGenerator, TorchTarget
+
+        target = TorchTarget(model_path, device)  # refuses unsupported architectures before any work
+        model = Model(model_path, n_gpu_layers=0)
+        gen = TorchGenerator(target, target_layers, model.eog_tokens(), batch=cfg.n_seq, n_ctx_seq=cfg.n_ctx_seq)
+    else:
+        model = Model(model_path, n_gpu_layers=n_gpu_layers)
+        gen = MultiGenerator(model, target_layers, n_seq=cfg.n_seq, n_ctx_seq=cfg.n_ctx_seq, n_threads=n_threads)
     bar = None
     if progress:
         from tqdm import tqdm

@@ -59,32 +59,37 @@ def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int])
 
 def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
                rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False):
-    """Features [N, L, W], valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]
+    """Features [N, L, W] (on the cache's device after `FeatureCache.to_device`, else the host), valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]
     (target token ids, -100 where there is none; `DraftModel.head_rows` maps them to a reduced head).
 
     Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
     `anchor_first` (DSpark) the token at a+j+1."""
     items = []
     for i in idx:
-        toks, feats, plen = cache.get(i)
-        L = min(len(toks), max_context)
-        toks, feats = toks[:L], feats[:L]
-        lo = min(max(1, plen), L - 2)
+        sq = cache.seqs[i]
+        L = min(len(sq.tokens), max_context)
+        toks = sq.tokens[:L]
+        lo = min(max(1, sq.prompt_len), L - 2)
         hi = L - 2
         if hi < 1:
             continue
         anchors = rng.integers(max(1, lo), hi + 1, size=n_anchors)
-        items.append((toks, feats, anchors))
+        items.append((toks, sq.offset, anchors))
     N, Lmax, W = len(items), max(len(t) for t, _, _ in items), cache.width
-    feats = np.zeros((N, Lmax, W), dtype=np.float32)
+    on_device = cache.device_features is not None
+    feats = None if on_device else np.zeros((N, Lmax, W), dtype=np.float32)
+    rows = np.zeros((N, Lmax), dtype=np.int64)
     valid = np.zeros((N, Lmax), dtype=bool)
     btoks = np.full((N, n_anchors, block), mask_id, dtype=np.int64)
     labels = np.full((N, n_anchors, block), -100, dtype=np.int64)
     anc = np.zeros((N, n_anchors), dtype=np.int64)
     shift = 1 if anchor_first else 0
-    for n, (toks, f, anchors) in enumerate(items):
+    for n, (toks, offset, anchors) in enumerate(items):
         L = len(toks)
-        feats[n, :L] = f
+        if on_device:
+            rows[n, :L] = offset + np.arange(L)
+        else:
+            feats[n, :L] = cache.features[offset:offset + L]
         valid[n, :L] = True
         anc[n] = anchors
         for m, a in enumerate(anchors):
@@ -93,6 +98,10 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
                 if a + j + shift < L:
                     labels[n, m, j] = toks[a + j + shift]
     t = torch.from_numpy
+    if on_device:  # gathered where the rows live; padding rows are zeroed as on the host path
+        dev = cache.device_features.device
+        f = cache.device_features[t(rows).to(dev)].float() * t(valid).to(dev)[..., None]
+        return f, t(valid), t(btoks), t(anc), t(labels)
     return t(feats), t(valid), t(btoks), t(anc), t(labels)
 
 

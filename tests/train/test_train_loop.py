@@ -154,3 +154,20 @@ def test_time_limited_schedule_warms_up_for_its_share_of_the_time():
     plain = TrainConfig(steps=1000, lr=1e-3, warmup=0.05)
     assert _lr_at(24, plain) == pytest.approx(0.5e-3)
     assert _lr_at(49, plain) == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_batches_gathered_from_device_resident_features_equal_host_batches(tiny_target, tmp_path):
+    """`FeatureCache.to_device` keeps the rows in one tensor and make_batch gathers from it: the same
+    batch as the host path (here the tensor sits on the CPU; on CUDA it is the same indexing)."""
+    from llama_dflash.train.data import FeatureCache
+
+    c = build_cache(str(tmp_path / "d"), tiny_target, ["the cat is on the mat", "a b c d e f", "x y z w"],
+                    target_layers=[1, 3], max_new_tokens=12, progress=False)
+    host = make_batch(c, [2, 0, 1], 5, 4, 3, np.random.default_rng(7), anchor_first=True)
+    dev = FeatureCache(c.root)
+    assert not dev.to_device("cpu")  # only a GPU is worth the copy
+    dev.device_features = torch.from_numpy(np.array(dev.features))
+    gathered = make_batch(dev, [2, 0, 1], 5, 4, 3, np.random.default_rng(7), anchor_first=True)
+    for a, b in zip(host, gathered):
+        assert torch.equal(a, b)
+    assert gathered[0].abs().sum() > 0 and not gathered[0][~gathered[1]].any()  # padding rows are zero
