@@ -73,9 +73,9 @@ class FeatureCache:
         if self.n_rows * self.width * 2 > max_fraction * free:
             return False
         self.device_features = torch.empty((self.n_rows, self.width), dtype=torch.float16, device=device)
-        step = 1 << 20
-        for a in range(0, self.n_rows, step):
-            self.device_features[a:a + step] = torch.from_numpy(np.ascontiguousarray(self.features[a:a + step]))
+        step = 1 << 18
+        for a in range(0, self.n_rows, step):  # a writable host copy of each chunk (the memmap is read-only)
+            self.device_features[a:a + step] = torch.from_numpy(np.array(self.features[a:a + step]))
         return True
 
     def truncate(self, n: int) -> None:
