@@ -16,6 +16,8 @@
 #   GPU_TRAIN_VARIANTS   draft shapes as LAYERS:HEAD_TOKENS, space-separated (default "1:4096 1:8192 2:4096")
 #   GPU_TRAIN_DEVICE     PyTorch device (default cuda)
 #   GPU_TRAIN_NSEQ       sequences per data batch (default 512)
+#   GPU_TRAIN_INIT       a draft GGUF every variant starts from (--init-from-draft; variants of its shape),
+#                        e.g. the shipped default, to continue it on new data instead of starting afresh
 #   GPU_TRAIN_ARGS       extra `llama-dflash train` arguments for every variant
 set -uo pipefail
 
@@ -34,6 +36,8 @@ data_s=${GPU_TRAIN_DATA_SECONDS:-200}
 variants=${GPU_TRAIN_VARIANTS:-"1:4096 1:8192 2:4096"}
 device=${GPU_TRAIN_DEVICE:-cuda}
 nseq=${GPU_TRAIN_NSEQ:-512}
+init_args=()
+[ -n "${GPU_TRAIN_INIT:-}" ] && init_args=(--init-from-draft "$GPU_TRAIN_INIT")
 model_args=()
 [ -n "${GPU_TRAIN_MODEL:-}" ] && model_args=(--model "$GPU_TRAIN_MODEL")
 nv=$(echo $variants | wc -w)
@@ -69,7 +73,7 @@ for v in $variants; do
   "$py" "${common[@]}" --output "$d/draft-f32.gguf" --workdir "$d" --reuse-data \
     --draft-layers "$layers" --train-vocab "$head" --steps 100000 --train-minutes "$minutes" \
     --lr 2e-3 --batch-size 32 --anchors-per-seq 48 --eval-every 1000 --eval-prompts 1 --max-new-tokens 64 \
-    --eval-draft-tokens 4 --threads "$threads" ${GPU_TRAIN_ARGS:-} >"$logs/L${layers}-V${head}.log" 2>&1 &
+    --eval-draft-tokens 4 --threads "$threads" "${init_args[@]}" ${GPU_TRAIN_ARGS:-} >"$logs/L${layers}-V${head}.log" 2>&1 &
   pids+=($!)
 done
 fail=0

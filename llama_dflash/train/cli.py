@@ -68,6 +68,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from-target", action="store_true",
                    help="start every draft layer from the target's deepest injected layer (its heads, feed-forward "
                         "width and rope base), fc passing that layer's input through; default: random weights")
+    p.add_argument("--init-from-draft", metavar="DRAFT",
+                   help="start from this draft GGUF's weights (same shape; any weight type; its vocabulary may "
+                        "differ) and keep training it on this run's data")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
@@ -160,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
         if info.architecture not in TORCH_ARCHS:
             raise ValueError(f"--data-backend torch runs {', '.join(TORCH_ARCHS)} targets, not {info.architecture!r}; "
                              "use --data-backend llama.cpp")
+    if args.init_from_draft and args.init_from_target:
+        raise ValueError("--init-from-draft and --init-from-target exclude each other")
+    if args.init_from_draft and not os.path.isfile(args.init_from_draft):
+        raise FileNotFoundError(f"--init-from-draft: draft not found: {args.init_from_draft}")
     if args.train_minutes < 0:
         raise ValueError(f"--train-minutes must be >= 0, not {args.train_minutes}")
     if args.train_vocab and args.train_vocab > info.n_vocab:
@@ -310,6 +317,12 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
         src_layer, feature_index = last_feature(layers)
         init_from_target(model, model_path, src_layer, feature_index, seed=args.seed)
         say(f"draft layers start from target layer {src_layer} (feature {feature_index} passed through)")
+    if args.init_from_draft:
+        from .warm_start import init_from_draft
+
+        ws = init_from_draft(model, args.init_from_draft, model_path)
+        say(f"started from {args.init_from_draft}: {ws['tensors']} tensors, "
+            f"{ws['markov_rows']} Markov rows matched by token")
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
                       seed=args.seed, amp=not args.no_amp, eval_every=args.eval_every, patience=args.patience,
                       max_seconds=args.train_minutes * 60.0)
@@ -343,7 +356,7 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
               "reduced_vocab": None if vocab is None else len(vocab), "weight_type": args.quantize,
               "hf_output": args.hf_output,
               "target_layers": layers, "block_size": args.block_size,
-              "draft_layers": args.draft_layers, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
+              "draft_layers": args.draft_layers, "init_from_draft": args.init_from_draft, "mask_token_id": mask_id, "mask_token": info.tokens[mask_id],
               "data": "mix" if mix else "prompts", "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
               "train_answer_tokens": n_train_tokens, "eval_sequences": len(eval_ids),
               "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "train": summary}
