@@ -6,3 +6,7 @@ Needs the `train` extra (torch).
 
 #: where `llama-dflash train --device` can train (see device.py)
 DEVICES = ("auto", "cpu", "cuda", "mps")
+
+#: what answers the prompts of the mix data (`--data-backend`): llama.cpp, or a PyTorch copy of the
+#: target (torchgen.py)
+DATA_BACKENDS = ("llama.cpp", "torch")

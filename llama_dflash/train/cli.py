@@ -15,7 +15,7 @@ import sys
 import time
 
 from ..writer import WEIGHT_TYPES
-from . import DEVICES
+from . import DATA_BACKENDS, DEVICES
 
 __all__ = ["configure", "run"]
 
@@ -44,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-seq", type=int, default=8,
                    help="mix: sequences per target decode, or per batch with --data-backend torch (default 8; "
                         "a GPU takes 256 or more)")
-    p.add_argument("--data-backend", choices=("llama.cpp", "torch"), default="llama.cpp",
+    p.add_argument("--data-backend", choices=DATA_BACKENDS, default="llama.cpp",
                    help="mix: what answers the prompts: llama.cpp (default), or torch, a PyTorch copy of the target "
                         "rebuilt from its GGUF on --device, hundreds of sequences per batch on a GPU (llama targets)")
     p.add_argument("--sampled-every", type=int, default=4,

@@ -22,15 +22,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from . import DATA_BACKENDS
 from .data import FeatureCache
 from .multigen import Job, MultiGenerator
 from .sources import (TOPICS, Prompt, builtin_source_prompts, code_task_prompts, dedupe, split_by_source,
                       stdlib_prompts, topic_chat_prompts, topic_seed_prompts)
 
 __all__ = ["DATA_BACKENDS", "MixConfig", "DEFAULT_WEIGHTS", "plan_prompts", "interleave", "build_mixed_cache", "question_from_answer"]
-
-#: what answers the prompts: llama.cpp (MultiGenerator) or a PyTorch copy of the target (torchgen.py)
-DATA_BACKENDS = ("llama.cpp", "torch")
 
 #: prompts per round of each (source, kind) group. General chat is what users ask most and what a
 #: draft trained mostly on code answers worst, so it gets the largest share (~40% of the answer tokens).

@@ -221,29 +221,31 @@ class DraftModel(nn.Module):
         return (hid @ self.head.T).reshape(N, M, B, -1)
 
     # ---- export --------------------------------------------------------------------------
-    def export_weights(self) -> dict[str, np.ndarray]:
-        def a(t: torch.Tensor) -> np.ndarray:
-            return t.detach().cpu().float().numpy()
-
-        w = {"fc.weight": a(self.fc.weight), "enc.output_norm.weight": a(self.enc_norm.weight),
-             "output_norm.weight": a(self.output_norm.weight)}
+    def gguf_parameters(self) -> dict[str, torch.Tensor]:
+        """The trained tensors under their draft-GGUF names (llama.cpp's `dflash` graph), in file
+        order; the one mapping export and `--init-from-draft` share."""
+        w = {"fc.weight": self.fc.weight, "enc.output_norm.weight": self.enc_norm.weight,
+             "output_norm.weight": self.output_norm.weight}
         for i, l in enumerate(self.layers):
             p = f"blk.{i}."
-            w[p + "attn_norm.weight"] = a(l.attn_norm.weight)
-            w[p + "attn_q.weight"] = a(l.wq.weight)
-            w[p + "attn_k.weight"] = a(l.wk.weight)
-            w[p + "attn_v.weight"] = a(l.wv.weight)
-            w[p + "attn_output.weight"] = a(l.wo.weight)
-            w[p + "attn_q_norm.weight"] = a(l.q_norm.weight)
-            w[p + "attn_k_norm.weight"] = a(l.k_norm.weight)
-            w[p + "ffn_norm.weight"] = a(l.ffn_norm.weight)
-            w[p + "ffn_gate.weight"] = a(l.gate.weight)
-            w[p + "ffn_up.weight"] = a(l.up.weight)
-            w[p + "ffn_down.weight"] = a(l.down.weight)
+            w[p + "attn_norm.weight"] = l.attn_norm.weight
+            w[p + "attn_q.weight"] = l.wq.weight
+            w[p + "attn_k.weight"] = l.wk.weight
+            w[p + "attn_v.weight"] = l.wv.weight
+            w[p + "attn_output.weight"] = l.wo.weight
+            w[p + "attn_q_norm.weight"] = l.q_norm.weight
+            w[p + "attn_k_norm.weight"] = l.k_norm.weight
+            w[p + "ffn_norm.weight"] = l.ffn_norm.weight
+            w[p + "ffn_gate.weight"] = l.gate.weight
+            w[p + "ffn_up.weight"] = l.up.weight
+            w[p + "ffn_down.weight"] = l.down.weight
         if self.is_dspark:
-            w["markov_w1.weight"] = a(self.markov_w1)
-            w["markov_w2.weight"] = a(self.markov_w2)
+            w["markov_w1.weight"] = self.markov_w1
+            w["markov_w2.weight"] = self.markov_w2
             if self.conf_proj is not None:
-                w["conf_proj.weight"] = a(self.conf_proj.weight)
-                w["conf_proj.bias"] = a(self.conf_proj.bias)
+                w["conf_proj.weight"] = self.conf_proj.weight
+                w["conf_proj.bias"] = self.conf_proj.bias
         return w
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        return {name: t.detach().cpu().float().numpy() for name, t in self.gguf_parameters().items()}

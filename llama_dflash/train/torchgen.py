@@ -113,11 +113,11 @@ class TorchTarget:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, *,
                 cache: Optional[list] = None, col: int = 0, taps: Sequence[int] = (),
-                last_only: bool = False) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
+                head: str = "all") -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
         """tokens, pos [B, T]; mask [B, T, K] (True: query may read key), K = col + T with a cache
-        (the new keys are written at columns col..col+T-1), else K = T. Returns (logits of every
-        row, or of the last one with last_only; None when no head is wanted because `taps` is all
-        the caller reads) and the inputs of the layers in `taps`, each [B, T, n_embd]."""
+        (the new keys are written at columns col..col+T-1), else K = T. head: "all" rows' logits,
+        the "last" row's, or "none" (only the taps are read: the layers past the deepest tap are
+        skipped). Returns (logits or None, the inputs of the layers in `taps`, each [B, T, n_embd])."""
         s = self.shape
         B, T = tokens.shape
         g = s.n_head // s.n_head_kv
@@ -125,7 +125,7 @@ class TorchTarget:
         want = {int(t): k for k, t in enumerate(taps)}
         feats: list[Optional[torch.Tensor]] = [None] * len(taps)
         amask = mask[:, None, None, :, :].expand(B, 1, g, T, mask.shape[-1]).reshape(B, 1, g * T, mask.shape[-1])
-        deepest = max(want) if want and last_only is None else None
+        deepest = max(want) if want and head == "none" else None
         for i, L in enumerate(self.layers):
             if i in want:
                 feats[want[i]] = x
@@ -150,9 +150,9 @@ class TorchTarget:
             h = _rms_norm(x, L["ffn_norm"], s.rms_eps)
             gate, up = (h @ L["gate_up"].T).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ L["down"].T
-        if last_only is None:
+        if head == "none":
             return None, feats
-        if last_only:
+        if head == "last":
             x = x[:, -1:]
         return _rms_norm(x, self.out_norm, s.rms_eps) @ self.head.T, feats
 
@@ -241,7 +241,7 @@ class TorchGenerator:
         own = torch.eye(P, dtype=torch.bool, device=dev)[None]  # a pad row reads itself, never NaN
         mask = (causal & valid[:, None, :P]) | own
         cache = t.new_cache(B, K)
-        logits, _ = t.forward(toks, pos, mask, cache=cache, col=0, last_only=True)
+        logits, _ = t.forward(toks, pos, mask, cache=cache, col=0, head="last")
         temps = torch.tensor([float(j.temperature) for j in jobs], device=dev)
         top_p = torch.tensor([float(j.top_p) for j in jobs], device=dev)
         gen = torch.Generator(device=dev)
@@ -265,7 +265,7 @@ class TorchGenerator:
                 break
             col = P + step
             m = valid[:, None, :col + 1]
-            logits, _ = t.forward(nxt[:, None], cur_pos[:, None], m, cache=cache, col=col, last_only=True)
+            logits, _ = t.forward(nxt[:, None], cur_pos[:, None], m, cache=cache, col=col, head="last")
             cur_pos += 1
         out_l, n_l, st_l = out.tolist(), n_out.tolist(), stopped.tolist()
         return [(out_l[b][:n_l[b]], bool(st_l[b])) for b in range(B)]
@@ -281,7 +281,7 @@ class TorchGenerator:
         cols = torch.arange(L, device=dev)
         pos = cols[None, :].expand(B, L)
         mask = (cols[:, None] >= cols[None, :])[None].expand(B, L, L)
-        _, feats = t.forward(toks, pos, mask, taps=self.layers, last_only=None)
+        _, feats = t.forward(toks, pos, mask, taps=self.layers, head="none")
         allf = torch.cat(feats, dim=-1).to(torch.float16).cpu().numpy()
         return [allf[b, :len(s)] for b, s in enumerate(seqs)]
 

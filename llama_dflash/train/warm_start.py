@@ -31,23 +31,21 @@ def init_from_draft(model: DraftModel, draft_path: str, target_path: str) -> dic
                          f"{list(s.target_layers)}")
     tensors = read_draft_tensors(draft_path)
     theirs = tensors.get("d2t")
-    params = dict(model.named_parameters())
-    names = model.export_weights()  # GGUF name -> this model's array (shapes to compare)
-    wanted = {n for n in names if n != "markov_w2.weight"}
+    ours_by_name = model.gguf_parameters()
+    wanted = {n for n in ours_by_name if n != "markov_w2.weight"}  # markov_w2: matched by token below
     missing = sorted(n for n in wanted if n not in tensors)
     if missing:
         raise ValueError(f"--init-from-draft {draft_path}: no {', '.join(missing[:4])} (another algorithm or "
                          "layer count than this run)")
-    wrong = [f"{n} {tuple(tensors[n].shape)} vs {tuple(names[n].shape)}" for n in sorted(wanted)
-             if tuple(np.shape(tensors[n])) != tuple(names[n].shape)]
-    extra = sorted(n for n in tensors if n.startswith("blk.") and n not in names)
+    wrong = [f"{n} {tuple(tensors[n].shape)} vs {tuple(ours_by_name[n].shape)}" for n in sorted(wanted)
+             if tuple(np.shape(tensors[n])) != tuple(ours_by_name[n].shape)]
+    extra = sorted(n for n in tensors if n.startswith("blk.") and n not in ours_by_name)
     if wrong or extra:
         raise ValueError(f"--init-from-draft {draft_path}: its shape differs from this run's "
                          f"({'; '.join(wrong[:3]) or 'more layers: ' + ', '.join(extra[:2])})")
-    by_name = _parameter_names(model)
     with torch.no_grad():
-        for gguf_name in wanted:
-            params[by_name[gguf_name]].copy_(torch.from_numpy(np.array(tensors[gguf_name], dtype=np.float32)))
+        for name in wanted:
+            ours_by_name[name].copy_(torch.from_numpy(np.array(tensors[name], dtype=np.float32)))
         matched = 0
         if model.markov_w2 is not None and "markov_w2.weight" in tensors:
             src = np.asarray(tensors["markov_w2.weight"], dtype=np.float32)
@@ -63,16 +61,3 @@ def init_from_draft(model: DraftModel, draft_path: str, target_path: str) -> dic
                     matched += 1
     return {"tensors": len(wanted), "markov_rows": matched}
 
-
-def _parameter_names(model: DraftModel) -> dict[str, str]:
-    """GGUF tensor name -> parameter name, the inverse of DraftModel.export_weights."""
-    m = {"fc.weight": "fc.weight", "enc.output_norm.weight": "enc_norm.weight",
-         "output_norm.weight": "output_norm.weight", "markov_w1.weight": "markov_w1",
-         "markov_w2.weight": "markov_w2", "conf_proj.weight": "conf_proj.weight", "conf_proj.bias": "conf_proj.bias"}
-    parts = {"attn_norm": "attn_norm.weight", "attn_q": "wq.weight", "attn_k": "wk.weight", "attn_v": "wv.weight",
-             "attn_output": "wo.weight", "attn_q_norm": "q_norm.weight", "attn_k_norm": "k_norm.weight",
-             "ffn_norm": "ffn_norm.weight", "ffn_gate": "gate.weight", "ffn_up": "up.weight", "ffn_down": "down.weight"}
-    for i in range(len(model.layers)):
-        for g, p in parts.items():
-            m[f"blk.{i}.{g}.weight"] = f"layers.{i}.{p}"
-    return m
