@@ -57,6 +57,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reuse-data", action="store_true",
                    help="train on the data already in --workdir as it is, generating nothing (e.g. several "
                         "draft shapes on one data set, or data made elsewhere)")
+    p.add_argument("--add-greedy-labels", action="store_true",
+                   help="mix: for a cache made before the target's greedy choices were recorded, compute them for its "
+                        "sampled answers (one llama.cpp prefill per sampled sequence) so they train on what greedy "
+                        "verification accepts; new caches record them while generating")
     p.add_argument("--eval-seqs", type=int, default=48, help="mix: held-out greedy sequences (default 48)")
     p.add_argument("--n-prompts", type=int, default=300, help="training prompts to use (default 300)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for evaluation (default 8)")
@@ -155,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         _positive("--" + name.replace("_", "-"), getattr(args, name), 0)
     if args.data == "mix" and args.prompts:
         raise ValueError("--prompts gives the data itself: use it without --data mix (or with --data prompts)")
+    if args.add_greedy_labels and (args.data == "prompts" or args.prompts):
+        raise ValueError("--add-greedy-labels works on --data mix caches, not on --prompts data")
     if args.data_backend == "torch" and (args.data == "prompts" or args.prompts):
         raise ValueError("--data-backend torch makes the mix data only (use it without --prompts / --data prompts)")
     if args.data_backend == "torch":
@@ -259,7 +265,17 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
             cache = build_cache(data_dir, model_path, train_prompts, target_layers=layers,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                 n_threads=args.threads, progress=progress, wrap=wrap, n_gpu_layers=args.n_gpu_layers)
+    if args.add_greedy_labels and dist.main:
+        from .dataset import add_greedy_labels
+
+        st = add_greedy_labels(data_dir, model_path, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                               progress=progress)
+        say(f"greedy labels: {st['sequences']} sampled sequences, {st['changed']} of {st['rows']} answer rows "
+            "differ from the sampled token")
+        cache = FeatureCache(data_dir)
     dist.barrier()
+    if args.add_greedy_labels and not dist.main:
+        cache = FeatureCache(data_dir)
     if not dist.main and not args.reuse_data:
         cache = FeatureCache(data_dir)
         if not mix:

@@ -2,7 +2,9 @@
 llama.cpp exactly as the engine does it, and cached (float16 memmap + token ids) in a workdir.
 
 Layout of `<workdir>/data/`: `meta.json` (what the cache was made from), `seqs.jsonl` (one line per
-sequence: tokens, prompt length, row offset) and `features.f16` (rows x n_layers*n_embd float16).
+sequence: tokens, prompt length, row offset), `features.f16` (rows x n_layers*n_embd float16) and,
+for caches made by the mix pipeline, `greedy.i32` (rows int32: the target's argmax next token
+after each row, -1 where unknown; see `FeatureCache.greedy_next`).
 Appending is resumable: an interrupted run continues after the last complete sequence.
 """
 
@@ -16,7 +18,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_"]
+__all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_", "GREEDY_FILE"]
+
+#: per-row greedy choices of the target (int32, -1: unknown, use the cached next token)
+GREEDY_FILE = "greedy.i32"
 
 
 @dataclass
@@ -58,6 +63,17 @@ class FeatureCache:
             self.features = np.memmap(fpath, dtype=np.float16, mode="r", shape=(self.n_rows, self.width))
         else:
             self.features = np.zeros((0, self.width), dtype=np.float16)
+        self.greedy = self._read_greedy()
+
+    def _read_greedy(self) -> Optional[np.ndarray]:
+        """greedy.i32 as int32 [n_rows] (rows it does not reach are -1), or None without the file."""
+        gpath = os.path.join(self.root, GREEDY_FILE)
+        if not os.path.isfile(gpath):
+            return None
+        g = np.fromfile(gpath, dtype=np.int32, count=min(self.n_rows, os.path.getsize(gpath) // 4))
+        if len(g) < self.n_rows:
+            g = np.concatenate([g, np.full(self.n_rows - len(g), -1, dtype=np.int32)])
+        return g
 
     def to_device(self, device, max_fraction: float = 0.5) -> bool:
         """Copy every feature row to `device` once (float16), so training batches are gathered
@@ -89,6 +105,17 @@ class FeatureCache:
     def get(self, i: int) -> tuple[np.ndarray, np.ndarray, int]:
         s = self.seqs[i]
         return s.tokens, np.asarray(self.features[s.offset : s.offset + len(s.tokens)]), s.prompt_len
+
+    def greedy_next(self, i: int) -> np.ndarray:
+        """int64 [L-1]: the target's greedy choice after each row of sequence i but the last — what
+        greedy verification accepts there. The cached next token where the choice is unknown (caches
+        without greedy.i32, and greedy sequences, where the two are the same token)."""
+        s = self.seqs[i]
+        nxt = s.tokens[1:].astype(np.int64)
+        if self.greedy is None:
+            return nxt
+        g = self.greedy[s.offset:s.offset + len(s.tokens) - 1].astype(np.int64)
+        return np.where(g >= 0, g, nxt)
 
     @property
     def n_answer_tokens(self) -> int:

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Job", "Result", "MultiGenerator", "sample_token"]
+__all__ = ["Job", "Result", "MultiGenerator", "sample_token", "greedy_rows"]
 
 
 @dataclass
@@ -40,6 +40,18 @@ class Result:
     answer: list[int]  # new tokens (an end-of-generation token, if any, is the last one)
     features: np.ndarray  # float32 [len(prompt) + len(answer), width]; the last row is zero when it was never decoded
     stopped: bool = False  # ended on an end-of-generation token
+    #: int32 [len(prompt) + len(answer)]: the target's greedy (argmax) next token after each row, -1
+    #: where no logits were computed (prompt rows before the last, the last row). A sampled answer
+    #: is trained on these, not on its sampled tokens: greedy verification accepts the argmax.
+    greedy: Optional[np.ndarray] = None
+
+
+def greedy_rows(prompt_len: int, n_tok: int, choices: Sequence[int]) -> np.ndarray:
+    """Result.greedy from the argmax chosen at each answer step (the first after the prompt's last row)."""
+    out = np.full(n_tok, -1, dtype=np.int32)
+    a = max(0, prompt_len - 1)
+    out[a:a + len(choices)] = np.asarray(choices, dtype=np.int32)[:max(0, n_tok - a)]
+    return out
 
 
 def sample_token(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
@@ -65,6 +77,7 @@ class _Slot:
     prompt_len: int
     rows: list = field(default_factory=list)  # feature arrays in order
     answer: list = field(default_factory=list)
+    greedy: list = field(default_factory=list)  # argmax of the logits each answer token was drawn from
     last_logits: Optional[np.ndarray] = None
     n_past: int = 0
 
@@ -167,7 +180,25 @@ class MultiGenerator:
         feats = np.concatenate(rows, axis=0) if rows else np.zeros((0, self.width), np.float32)
         if len(feats) < n_tok:  # the last answer token was never decoded
             feats = np.concatenate([feats, np.zeros((n_tok - len(feats), self.width), np.float32)])
-        return Result(job=slot.job, answer=slot.answer, features=feats[:n_tok], stopped=stopped)
+        return Result(job=slot.job, answer=slot.answer, features=feats[:n_tok], stopped=stopped,
+                      greedy=greedy_rows(slot.prompt_len, n_tok, slot.greedy))
+
+    def greedy_choices(self, tokens: Sequence[int], first: int) -> np.ndarray:
+        """Result.greedy of an existing sequence: int32 [len(tokens)], the argmax next token after
+        each row from `first` on, -1 before it and at the last row (one prefill on sequence slot 0)."""
+        toks = [int(t) for t in tokens]
+        out = np.full(len(toks), -1, dtype=np.int32)
+        self.ctx.seq_rm(0, 0, -1)
+        step = self.ctx.n_batch
+        try:
+            for s in range(0, len(toks) - 1, step):
+                chunk = toks[s:min(s + step, len(toks) - 1)]
+                self._decode([(t, s + i, 0, s + i >= first) for i, t in enumerate(chunk)])
+                for i in range(max(0, first - s), len(chunk)):  # logits by the row's index in the batch
+                    out[s + i] = int(np.argmax(self._logits(i)))
+        finally:
+            self.ctx.seq_rm(0, 0, -1)
+        return out
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job], on_step: Optional[Callable[[int], None]] = None) -> Iterator[Result]:
@@ -191,6 +222,7 @@ class MultiGenerator:
                         continue
                     if sl.last_logits is not None:
                         tok = sample_token(sl.last_logits, sl.job.temperature, sl.job.top_p, sl.rng)
+                        sl.greedy.append(tok if sl.job.temperature <= 0 else int(np.argmax(sl.last_logits)))
                         sl.last_logits = None
                         sl.answer.append(tok)
                         if tok in self.eog or len(sl.answer) >= sl.job.max_new_tokens:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .multigen import Job, Result
+from .multigen import Job, Result, greedy_rows
 
 __all__ = ["TORCH_ARCHS", "TorchTarget", "TorchGenerator"]
 
@@ -221,8 +221,9 @@ class TorchGenerator:
         return Job(list(job.tokens)[:limit], job.max_new_tokens, job.temperature, job.seed, job.top_p, job.tag)
 
     @torch.no_grad()
-    def _answer(self, jobs: list[Job], on_step) -> list[tuple[list[int], bool]]:
-        """Answer tokens per job (an end-of-generation token included) and whether it stopped on one."""
+    def _answer(self, jobs: list[Job], on_step) -> list[tuple[list[int], bool, list[int]]]:
+        """Answer tokens per job (an end-of-generation token included), whether it stopped on one,
+        and the argmax of the logits each answer token was drawn from."""
         t, dev = self.target, self.target.device
         B = len(jobs)
         plen = torch.tensor([len(j.tokens) for j in jobs], device=dev)
@@ -247,6 +248,7 @@ class TorchGenerator:
         gen = torch.Generator(device=dev)
         gen.manual_seed(hash(tuple(int(j.seed) for j in jobs)) & 0x7FFFFFFF)
         out = torch.zeros(B, N, dtype=torch.long, device=dev)
+        best = torch.zeros(B, N, dtype=torch.long, device=dev)
         n_out = torch.zeros(B, dtype=torch.long, device=dev)
         live = torch.ones(B, dtype=torch.bool, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -254,6 +256,7 @@ class TorchGenerator:
         for step in range(N):
             nxt = _sample(logits[:, -1], temps, top_p, gen)
             out[:, step] = nxt
+            best[:, step] = logits[:, -1].argmax(-1)
             n_out += live.long()
             is_eog = torch.isin(nxt, self.eog)
             stopped |= live & is_eog
@@ -267,8 +270,8 @@ class TorchGenerator:
             m = valid[:, None, :col + 1]
             logits, _ = t.forward(nxt[:, None], cur_pos[:, None], m, cache=cache, col=col, head="last")
             cur_pos += 1
-        out_l, n_l, st_l = out.tolist(), n_out.tolist(), stopped.tolist()
-        return [(out_l[b][:n_l[b]], bool(st_l[b])) for b in range(B)]
+        out_l, n_l, st_l, best_l = out.tolist(), n_out.tolist(), stopped.tolist(), best.tolist()
+        return [(out_l[b][:n_l[b]], bool(st_l[b]), best_l[b][:n_l[b]]) for b in range(B)]
 
     @torch.no_grad()
     def _features(self, seqs: list[list[int]]) -> list[np.ndarray]:
@@ -288,7 +291,7 @@ class TorchGenerator:
     def _run_batch(self, jobs: list[Job], on_step) -> Iterator[Result]:
         jobs = [self._clip(j) for j in jobs]
         answers = self._answer(jobs, on_step)
-        seqs = [list(j.tokens) + a for j, (a, _) in zip(jobs, answers)]
+        seqs = [list(j.tokens) + a for j, (a, _, _) in zip(jobs, answers)]
         feats = self._features(seqs)
-        for j, (a, st), f in zip(jobs, answers, feats):
-            yield Result(job=j, answer=a, features=f, stopped=st)
+        for j, (a, st, best), f in zip(jobs, answers, feats):
+            yield Result(job=j, answer=a, features=f, stopped=st, greedy=greedy_rows(len(j.tokens), len(f), best))

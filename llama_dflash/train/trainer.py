@@ -63,7 +63,11 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
     (target token ids, -100 where there is none; `DraftModel.head_rows` maps them to a reduced head).
 
     Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
-    `anchor_first` (DSpark) the token at a+j+1."""
+    `anchor_first` (DSpark) the token at a+j+1. The label of position p is the target's greedy
+    choice after row p-1 (`FeatureCache.greedy_next`; the cached token itself in greedy answers), and
+    only while the block's earlier cached tokens are greedy choices too: in a sampled answer, slots
+    after a sampled token that greedy decoding would not have chosen get no label, because a greedy
+    chain from the anchor would never reach that context."""
     items = []
     for i in idx:
         sq = cache.seqs[i]
@@ -74,8 +78,8 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
         if hi < 1:
             continue
         anchors = rng.integers(max(1, lo), hi + 1, size=n_anchors)
-        items.append((toks, sq.offset, anchors))
-    N, Lmax, W = len(items), max(len(t) for t, _, _ in items), cache.width
+        items.append((toks, sq.offset, anchors, cache.greedy_next(i)[:L - 1]))
+    N, Lmax, W = len(items), max(len(it[0]) for it in items), cache.width
     on_device = cache.device_features is not None
     feats = None if on_device else np.zeros((N, Lmax, W), dtype=np.float32)
     rows = np.zeros((N, Lmax), dtype=np.int64)
@@ -84,8 +88,9 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
     labels = np.full((N, n_anchors, block), -100, dtype=np.int64)
     anc = np.zeros((N, n_anchors), dtype=np.int64)
     shift = 1 if anchor_first else 0
-    for n, (toks, offset, anchors) in enumerate(items):
+    for n, (toks, offset, anchors, choice) in enumerate(items):
         L = len(toks)
+        on_path = toks[1:] == choice  # the cached token after row i is the greedy choice there
         if on_device:
             rows[n, :L] = offset + np.arange(L)
         else:
@@ -95,8 +100,10 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
         for m, a in enumerate(anchors):
             btoks[n, m, 0] = toks[a]
             for j in range(1 - shift, block):
-                if a + j + shift < L:
-                    labels[n, m, j] = toks[a + j + shift]
+                p = a + j + shift
+                if p >= L or (p - 1 > a and not on_path[p - 2]):
+                    break
+                labels[n, m, j] = choice[p - 1]
     t = torch.from_numpy
     if on_device:  # gathered where the rows live; padding rows are zeroed as on the host path
         dev = cache.device_features.device
