@@ -272,12 +272,9 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                                progress=progress)
         say(f"greedy labels: {st['sequences']} sampled sequences, {st['changed']} of {st['rows']} answer rows "
             "differ from the sampled token")
-        cache = FeatureCache(data_dir)
     dist.barrier()
-    if args.add_greedy_labels and not dist.main:
-        cache = FeatureCache(data_dir)
-    if not dist.main and not args.reuse_data:
-        cache = FeatureCache(data_dir)
+    if args.add_greedy_labels or (not dist.main and not args.reuse_data):
+        cache = FeatureCache(data_dir)  # the data rank 0 made, with the greedy labels it added
         if not mix:
             cache.truncate(len(train_prompts))
     t_data = time.time() - t0

@@ -157,12 +157,14 @@ class TorchTarget:
         return _rms_norm(x, self.out_norm, s.rms_eps) @ self.head.T, feats
 
 
-def _sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Greedy rows where the temperature is 0, else softmax(logits / T) cut to the top-p mass."""
+def _sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, argmax): greedy rows where the temperature is 0, else softmax(logits / T) cut to the
+    top-p mass; the argmax of every row is returned too (the sampled answers' training labels)."""
     greedy = logits.argmax(-1)
     hot = temps > 0
     if not bool(hot.any()):
-        return greedy
+        return greedy, greedy
     z = logits[hot].float() / temps[hot, None]
     sz, order = z.sort(dim=-1, descending=True)
     p = sz.softmax(-1)
@@ -172,7 +174,7 @@ def _sample(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor, gen:
     pick = torch.multinomial(p / p.sum(-1, keepdim=True), 1, generator=gen).squeeze(-1)
     out = greedy.clone()
     out[hot] = order.gather(-1, pick[:, None]).squeeze(-1)
-    return out
+    return out, greedy
 
 
 class TorchGenerator:
@@ -254,9 +256,8 @@ class TorchGenerator:
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_pos = plen.clone()
         for step in range(N):
-            nxt = _sample(logits[:, -1], temps, top_p, gen)
+            nxt, best[:, step] = _sample(logits[:, -1], temps, top_p, gen)
             out[:, step] = nxt
-            best[:, step] = logits[:, -1].argmax(-1)
             n_out += live.long()
             is_eog = torch.isin(nxt, self.eog)
             stopped |= live & is_eog

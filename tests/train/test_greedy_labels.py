@@ -162,3 +162,26 @@ def test_cli_refuses_add_greedy_labels_without_mix_data(tiny_target, tmp_path):
                         str(tmp_path / "d.gguf"), "--prompts", str(p), "--add-greedy-labels"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--add-greedy-labels" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_adds_greedy_labels_to_an_older_cache(tiny_target, tmp_path):
+    def train(*extra):
+        return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "train", "--model", tiny_target, "--output",
+                               str(tmp_path / "d.gguf"), "--workdir", str(tmp_path / "w"), "--data-tokens", "120",
+                               "--eval-seqs", "2", "--n-seq", "4", "--threads", "1", "--no-progress", "--data-only",
+                               *extra], capture_output=True, text=True, timeout=300)
+
+    r = train()
+    assert r.returncode == 0, r.stderr
+    root = str(tmp_path / "w" / "mix")
+    recorded = FeatureCache(root).greedy.copy()
+    os.remove(os.path.join(root, GREEDY_FILE))  # as made before greedy.i32 existed
+    r = train("--reuse-data", "--add-greedy-labels")
+    assert r.returncode == 0, r.stderr
+    c = FeatureCache(root)
+    sampled = [s for s in c.seqs if s.temperature > 0]
+    assert sampled
+    for s in sampled:
+        rows = slice(s.offset + s.prompt_len - 1, s.offset + len(s.tokens) - 1)
+        assert (c.greedy[rows] >= 0).all()
+        assert float((c.greedy[rows] == recorded[rows]).mean()) >= 0.9
