@@ -18,6 +18,7 @@
 #   GPU_TRAIN_NSEQ       sequences per data batch (default 512)
 #   GPU_TRAIN_INIT       a draft GGUF every variant starts from (--init-from-draft; variants of its shape),
 #                        e.g. the shipped default, to continue it on new data instead of starting afresh
+#   GPU_TRAIN_DISTILL    --distill weight (the target's distribution in the loss; default 0.5, 0: labels only)
 #   GPU_TRAIN_ARGS       extra `llama-dflash train` arguments for every variant
 set -uo pipefail
 
@@ -36,6 +37,7 @@ data_s=${GPU_TRAIN_DATA_SECONDS:-200}
 variants=${GPU_TRAIN_VARIANTS:-"1:4096 1:8192 2:4096"}
 device=${GPU_TRAIN_DEVICE:-cuda}
 nseq=${GPU_TRAIN_NSEQ:-512}
+distill=${GPU_TRAIN_DISTILL:-0.5}
 init_args=()
 [ -n "${GPU_TRAIN_INIT:-}" ] && init_args=(--init-from-draft "$GPU_TRAIN_INIT")
 model_args=()
@@ -58,6 +60,11 @@ timeout "$data_s" "$py" "${common[@]}" --output "$work/data/unused.gguf" --workd
 rc=$?
 [ $rc -eq 0 ] || [ $rc -eq 124 ] || { step "data generation failed (rc $rc)"; tail -n 30 "$logs/data.log"; exit 1; }
 step "data done (rc $rc): $(grep -c . "$work/data/mix/seqs.jsonl") sequences"
+if [ "$distill" != "0" ]; then  # once for every variant (they share the data directory)
+  "$py" "${common[@]}" --output "$work/data/unused.gguf" --workdir "$work/data" --reuse-data --data-only \
+    --distill "$distill" --threads "$(nproc)" >"$logs/soft.log" 2>&1 || { step "soft labels failed"; tail -n 30 "$logs/soft.log"; exit 1; }
+  step "soft labels done"
+fi
 
 reserve=75  # parity, a one-prompt engine check and the exports after training
 left=$(( budget - ($(date +%s) - t0) - reserve ))
@@ -72,7 +79,7 @@ for v in $variants; do
   ln -sfn "$work/data/mix" "$d/mix"
   "$py" "${common[@]}" --output "$d/draft-f32.gguf" --workdir "$d" --reuse-data \
     --draft-layers "$layers" --train-vocab "$head" --steps 100000 --train-minutes "$minutes" \
-    --lr 2e-3 --batch-size 32 --anchors-per-seq 48 --eval-every 1000 --eval-prompts 1 --max-new-tokens 64 \
+    --lr 2e-3 --batch-size 32 --anchors-per-seq 48 --eval-every 1000 --eval-prompts 1 --max-new-tokens 64 --distill "$distill" \
     --eval-draft-tokens 4 --threads "$threads" "${init_args[@]}" ${GPU_TRAIN_ARGS:-} >"$logs/L${layers}-V${head}.log" 2>&1 &
   pids+=($!)
 done

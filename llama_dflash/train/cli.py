@@ -61,6 +61,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="mix: for a cache made before the target's greedy choices were recorded, compute them for its "
                         "sampled answers (one llama.cpp prefill per sampled sequence) so they train on what greedy "
                         "verification accepts; new caches record them while generating")
+    p.add_argument("--distill", type=float, default=0.0, metavar="W",
+                   help="train each slot on the target's next-token distribution with weight W in (0, 1], the greedy "
+                        "label with 1 - W (default 0: the label only); the distributions are recomputed once from "
+                        "the cached inputs of the target's last layers (llama targets, PyTorch on --device)")
+    p.add_argument("--soft-top-k", type=int, default=16,
+                   help="with --distill: target tokens kept per row (default 16)")
     p.add_argument("--eval-seqs", type=int, default=48, help="mix: held-out greedy sequences (default 48)")
     p.add_argument("--n-prompts", type=int, default=300, help="training prompts to use (default 300)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for evaluation (default 8)")
@@ -159,6 +165,15 @@ def run(args: argparse.Namespace) -> int:
         _positive("--" + name.replace("_", "-"), getattr(args, name), 0)
     if args.data == "mix" and args.prompts:
         raise ValueError("--prompts gives the data itself: use it without --data mix (or with --data prompts)")
+    if not 0.0 <= args.distill <= 1.0:
+        raise ValueError(f"--distill must be between 0 and 1, not {args.distill}")
+    _positive("--soft-top-k", args.soft_top_k)
+    if args.distill > 0:
+        from .torchgen import TORCH_ARCHS
+
+        if info.architecture not in TORCH_ARCHS:
+            raise ValueError(f"--distill recomputes the target's distributions in PyTorch, which runs "
+                             f"{', '.join(TORCH_ARCHS)} targets, not {info.architecture!r}")
     if args.add_greedy_labels and (args.data == "prompts" or args.prompts):
         raise ValueError("--add-greedy-labels works on --data mix caches, not on --prompts data")
     if args.data_backend == "torch" and (args.data == "prompts" or args.prompts):
@@ -272,9 +287,18 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                                progress=progress)
         say(f"greedy labels: {st['sequences']} sampled sequences, {st['changed']} of {st['rows']} answer rows "
             "differ from the sampled token")
+    soft_stats = None  # the target's distributions computed by this run (--distill)
+    if args.distill > 0 and dist.main and cache.soft is None:  # part of the data (also with --data-only)
+        from .soft_labels import add_soft_labels
+
+        soft_stats = add_soft_labels(data_dir, model_path, top_k=args.soft_top_k, device=str(device),
+                                     progress=progress)
+        say(f"soft labels: the target's top {args.soft_top_k} for {soft_stats['rows']} answer rows "
+            f"(top-1 = the recorded greedy choice for {soft_stats['agree']:.3f})")
+    soft_added = soft_stats is not None
     dist.barrier()
-    if args.add_greedy_labels or (not dist.main and not args.reuse_data):
-        cache = FeatureCache(data_dir)  # the data rank 0 made, with the greedy labels it added
+    if args.add_greedy_labels or soft_added or (not dist.main and (not args.reuse_data or args.distill > 0)):
+        cache = FeatureCache(data_dir)  # the data rank 0 made, with the labels it added
         if not mix:
             cache.truncate(len(train_prompts))
     t_data = time.time() - t0
@@ -338,7 +362,7 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
             f"{ws['markov_rows']} Markov rows matched by token")
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
                       seed=args.seed, amp=not args.no_amp, eval_every=args.eval_every, patience=args.patience,
-                      max_seconds=args.train_minutes * 60.0)
+                      max_seconds=args.train_minutes * 60.0, distill=args.distill)
     evaluate = None
     if args.eval_every and eval_ids:
         from .proxy import proxy_acceptance
@@ -373,6 +397,9 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
               "data": "mix" if mix else "prompts", "sequences": len(cache), "rows": cache.n_rows, "answer_tokens": cache.n_answer_tokens,
               "train_answer_tokens": n_train_tokens, "eval_sequences": len(eval_ids),
               "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1), "train": summary}
+    if args.distill > 0:
+        report["distill"] = {"weight": args.distill, "top_k": int(cache.soft[0].shape[1]) if cache.soft else None,
+                             "computed": soft_stats}
     if not args.skip_eval:
         seqs = [(cache.get(i)[0], cache.get(i)[1].astype(np.float32)) for i in range(min(4, len(cache)))]
         report["parity"] = parity_check(model, args.output, model_path, seqs, n_threads=args.threads, vocab=vocab)

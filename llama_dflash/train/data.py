@@ -4,7 +4,9 @@ llama.cpp exactly as the engine does it, and cached (float16 memmap + token ids)
 Layout of `<workdir>/data/`: `meta.json` (what the cache was made from), `seqs.jsonl` (one line per
 sequence: tokens, prompt length, row offset), `features.f16` (rows x n_layers*n_embd float16) and,
 for caches made by the mix pipeline, `greedy.i32` (rows int32: the target's argmax next token
-after each row, -1 where unknown; see `FeatureCache.greedy_next`).
+after each row, -1 where unknown; see `FeatureCache.greedy_next`) and, once computed
+(soft_labels.py), `soft_ids.i32` + `soft_logp.f16` (rows x K: the target's top-K next tokens and
+their log-probabilities; `FeatureCache.soft`).
 Appending is resumable: an interrupted run continues after the last complete sequence.
 """
 
@@ -18,10 +20,15 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_", "GREEDY_FILE"]
+__all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_", "GREEDY_FILE", "SOFT_IDS_FILE",
+           "SOFT_LOGP_FILE", "SOFT_META_FILE"]
 
 #: per-row greedy choices of the target (int32, -1: unknown, use the cached next token)
 GREEDY_FILE = "greedy.i32"
+#: per-row top-K next tokens of the target (int32 ids, -1: none) and their log-probabilities (float16)
+SOFT_IDS_FILE = "soft_ids.i32"
+SOFT_LOGP_FILE = "soft_logp.f16"
+SOFT_META_FILE = "soft.json"  # {"top_k": K}
 
 
 @dataclass
@@ -64,6 +71,7 @@ class FeatureCache:
         else:
             self.features = np.zeros((0, self.width), dtype=np.float16)
         self.greedy = self._read_greedy()
+        self.soft = self._read_soft()
 
     def _read_greedy(self) -> Optional[np.ndarray]:
         """greedy.i32 as int32 [n_rows] (rows it does not reach are -1), or None without the file."""
@@ -74,6 +82,19 @@ class FeatureCache:
         if len(g) < self.n_rows:
             g = np.concatenate([g, np.full(self.n_rows - len(g), -1, dtype=np.int32)])
         return g
+
+    def _read_soft(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(ids int32 [n_rows, K], logp float16 [n_rows, K]) memmaps, or None unless every row has them."""
+        mpath = os.path.join(self.root, SOFT_META_FILE)
+        ipath, lpath = os.path.join(self.root, SOFT_IDS_FILE), os.path.join(self.root, SOFT_LOGP_FILE)
+        if not self.n_rows or not all(os.path.isfile(p) for p in (mpath, ipath, lpath)):
+            return None
+        with open(mpath, encoding="utf-8") as f:
+            k = int(json.load(f)["top_k"])
+        if min(os.path.getsize(ipath) // (4 * k), os.path.getsize(lpath) // (2 * k)) < self.n_rows:
+            return None
+        return (np.memmap(ipath, dtype=np.int32, mode="r", shape=(self.n_rows, k)),
+                np.memmap(lpath, dtype=np.float16, mode="r", shape=(self.n_rows, k)))
 
     def to_device(self, device, max_fraction: float = 0.5) -> bool:
         """Copy every feature row to `device` once (float16), so training batches are gathered

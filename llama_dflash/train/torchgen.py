@@ -110,6 +110,48 @@ class TorchTarget:
         z = lambda: torch.zeros(batch, s.n_head_kv, length, s.head_dim, device=self.device)  # noqa: E731
         return [(z(), z()) for _ in range(s.n_layer)]
 
+    def _layer(self, L: dict, x: torch.Tensor, pos: torch.Tensor, amask: torch.Tensor,
+               cache: Optional[tuple[torch.Tensor, torch.Tensor]], col: int) -> torch.Tensor:
+        """One transformer layer on x [B, T, E]; amask [B, 1, g*T, K] (g query heads per KV head)."""
+        s = self.shape
+        B, T = x.shape[:2]
+        g = s.n_head // s.n_head_kv
+        h = _rms_norm(x, L["attn_norm"], s.rms_eps)
+        q, k, v = (h @ L["qkv"].T).split([s.n_head * s.head_dim, s.n_head_kv * s.head_dim,
+                                          s.n_head_kv * s.head_dim], dim=-1)
+        q = self._rope(q.view(B, T, s.n_head, s.head_dim).transpose(1, 2), pos)
+        k = self._rope(k.view(B, T, s.n_head_kv, s.head_dim).transpose(1, 2), pos)
+        v = v.view(B, T, s.n_head_kv, s.head_dim).transpose(1, 2)
+        if cache is not None:
+            kc, vc = cache
+            kc[:, :, col:col + T] = k
+            vc[:, :, col:col + T] = v
+            k, v = kc[:, :, :col + T], vc[:, :, :col + T]
+        # grouped-query attention: the g query heads sharing a KV head become g*T query rows
+        qg = q.reshape(B, s.n_head_kv, g * T, s.head_dim)
+        a = F.scaled_dot_product_attention(qg, k, v, attn_mask=amask)
+        a = a.reshape(B, s.n_head, T, s.head_dim).transpose(1, 2).reshape(B, T, s.n_head * s.head_dim)
+        x = x + a @ L["wo"].T
+        h = _rms_norm(x, L["ffn_norm"], s.rms_eps)
+        gate, up = (h @ L["gate_up"].T).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ L["down"].T
+
+    @torch.no_grad()
+    def logits_from_layer(self, x: torch.Tensor, first: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits of one sequence from the input of layer `first` at every position (x [T, E], causal,
+        positions 0..T-1): what a layer-input tap of the last layers is enough to recompute. Only
+        the positions `rows` when given (the head is most of the cost)."""
+        T = x.shape[0]
+        g = self.shape.n_head // self.shape.n_head_kv
+        pos = torch.arange(T, device=x.device)[None]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        amask = causal[None, None, None].expand(1, 1, g, T, T).reshape(1, 1, g * T, T)
+        h = x[None].to(self.device, torch.float32)
+        for L in self.layers[first:]:
+            h = self._layer(L, h, pos, amask, None, 0)
+        h = h[0] if rows is None else h[0, rows]
+        return _rms_norm(h, self.out_norm, self.shape.rms_eps) @ self.head.T
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, *,
                 cache: Optional[list] = None, col: int = 0, taps: Sequence[int] = (),
@@ -131,25 +173,7 @@ class TorchTarget:
                 feats[want[i]] = x
             if deepest is not None and i >= deepest:
                 break
-            h = _rms_norm(x, L["attn_norm"], s.rms_eps)
-            q, k, v = (h @ L["qkv"].T).split([s.n_head * s.head_dim, s.n_head_kv * s.head_dim,
-                                              s.n_head_kv * s.head_dim], dim=-1)
-            q = self._rope(q.view(B, T, s.n_head, s.head_dim).transpose(1, 2), pos)
-            k = self._rope(k.view(B, T, s.n_head_kv, s.head_dim).transpose(1, 2), pos)
-            v = v.view(B, T, s.n_head_kv, s.head_dim).transpose(1, 2)
-            if cache is not None:
-                kc, vc = cache[i]
-                kc[:, :, col:col + T] = k
-                vc[:, :, col:col + T] = v
-                k, v = kc[:, :, :col + T], vc[:, :, :col + T]
-            # grouped-query attention: the g query heads sharing a KV head become g*T query rows
-            qg = q.reshape(B, s.n_head_kv, g * T, s.head_dim)
-            a = F.scaled_dot_product_attention(qg, k, v, attn_mask=amask)
-            a = a.reshape(B, s.n_head, T, s.head_dim).transpose(1, 2).reshape(B, T, s.n_head * s.head_dim)
-            x = x + a @ L["wo"].T
-            h = _rms_norm(x, L["ffn_norm"], s.rms_eps)
-            gate, up = (h @ L["gate_up"].T).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ L["down"].T
+            x = self._layer(L, x, pos, amask, None if cache is None else cache[i], col)
         if head == "none":
             return None, feats
         if head == "last":

@@ -37,6 +37,7 @@ class TrainConfig:
     eval_every: int = 0  # held-out proxy evaluation every N steps (0: never); keeps the best weights
     patience: int = 0  # stop after this many evaluations without improvement (0: never stop early)
     max_seconds: float = 0.0  # stop training after this many seconds of this run (0: no limit)
+    distill: float = 0.0  # weight of the target's distribution in each slot's loss (needs cache.soft)
 
 
 def decay_gamma(block_size: int) -> float:
@@ -58,9 +59,12 @@ def pick_mask_token(tokens: tuple[str, ...], used: set[int], reserved: set[int])
 
 
 def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, mask_id: int,
-               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False):
+               rng: np.random.Generator, max_context: int = 1024, anchor_first: bool = False,
+               soft: bool = False):
     """Features [N, L, W] (on the cache's device after `FeatureCache.to_device`, else the host), valid [N, L], block tokens [N, M, B], anchors [N, M], labels [N, M, B]
-    (target token ids, -100 where there is none; `DraftModel.head_rows` maps them to a reduced head).
+    (target token ids, -100 where there is none; `DraftModel.head_rows` maps them to a reduced head);
+    with `soft` (and `cache.soft`) also the target's top-K distribution behind each label: ids
+    [N, M, B, K] (-1: none) and log-probabilities [N, M, B, K].
 
     Block slot j at position a+j predicts the token at a+j (DFlash, slot 0 unlabelled), or with
     `anchor_first` (DSpark) the token at a+j+1. The label of position p is the target's greedy
@@ -87,6 +91,7 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
     btoks = np.full((N, n_anchors, block), mask_id, dtype=np.int64)
     labels = np.full((N, n_anchors, block), -100, dtype=np.int64)
     anc = np.zeros((N, n_anchors), dtype=np.int64)
+    src = np.full((N, n_anchors, block), -1, dtype=np.int64)  # the cache row whose next token each label is
     shift = 1 if anchor_first else 0
     for n, (toks, offset, anchors, choice) in enumerate(items):
         L = len(toks)
@@ -104,23 +109,50 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
                 if p >= L or (p - 1 > a and not on_path[p - 2]):
                     break
                 labels[n, m, j] = choice[p - 1]
+                src[n, m, j] = offset + p - 1
+    extra = ()
+    if soft and cache.soft is not None:
+        sid, slp = cache.soft
+        have = src >= 0
+        ids = np.full(src.shape + (sid.shape[1],), -1, dtype=np.int64)
+        logp = np.zeros(src.shape + (sid.shape[1],), dtype=np.float32)
+        ids[have] = sid[src[have]]
+        logp[have] = slp[src[have]]
+        extra = (torch.from_numpy(ids), torch.from_numpy(logp))
     t = torch.from_numpy
     if on_device:  # gathered where the rows live; padding rows are zeroed as on the host path
         dev = cache.device_features.device
         f = cache.device_features[t(rows).to(dev)].float() * t(valid).to(dev)[..., None]
-        return f, t(valid), t(btoks), t(anc), t(labels)
-    return t(feats), t(valid), t(btoks), t(anc), t(labels)
+        return (f, t(valid), t(btoks), t(anc), t(labels)) + extra
+    return (t(feats), t(valid), t(btoks), t(anc), t(labels)) + extra
 
 
-def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0) -> tuple[torch.Tensor, float, int]:
+def _soft_ce(model: DraftModel, logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the draft's logits [R, V] against the target's top-K distribution (ids
+    [R, K] target ids, -1 none; logp [R, K]), renormalised over the entries the head can say;
+    returns (ce [R], has [R] bool: rows with any such entry)."""
+    rows = model.head_rows(ids)
+    ok = rows >= 0
+    q = torch.softmax(torch.where(ok, logp.float(), torch.full_like(logp.float(), float("-inf"))), dim=-1)
+    has = ok.any(-1)
+    q = torch.where(has[:, None], q, torch.zeros_like(q)).nan_to_num(0.0)
+    lsm = torch.log_softmax(logits.float(), dim=-1).gather(-1, rows.clamp_min(0))
+    return -(q * lsm).sum(-1), has
+
+
+def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0,
+               distill: float = 0.0) -> tuple[torch.Tensor, float, int]:
     """Weighted CE over the slots the algorithm reads (the k-th read slot weighted exp(-k/gamma));
     returns loss, first-slot accuracy and the number of first-slot labels.
 
     DSpark: the Markov bias uses the true previous token (teacher forcing); the confidence head
     learns, by BCE on detached inputs, whether each slot of the greedy chain llama.cpp runs would
     be accepted (that slot and every earlier one right). Labels are target ids; tokens outside
-    a reduced head are not trained on but still condition the Markov head of the next slot."""
-    feats, valid, btoks, anc, labels = batch
+    a reduced head are not trained on but still condition the Markov head of the next slot.
+
+    With `distill` in (0, 1] and the target's distributions in the batch (`make_batch(soft=True)`),
+    each slot's loss is (1 - distill) * CE(greedy label) + distill * CE(target distribution)."""
+    feats, valid, btoks, anc, labels = batch[:5]
     first = model.first_slot
     hid = model(feats, valid, btoks, anc, return_hidden=True)[:, :, first:]  # [N, M, S, E]
     ids = labels[:, :, first:]
@@ -134,6 +166,9 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0)
         prev = torch.cat([btoks[:, :, :1], ids[..., :-1].clamp_min(0)], dim=-1)
     logits = model.logits(hid[keep], None if prev is None else prev[keep])
     ce = F.cross_entropy(logits.float(), lab[keep], reduction="none")
+    if distill > 0 and len(batch) == 7:
+        sce, has = _soft_ce(model, logits, batch[5][:, :, first:][keep], batch[6][:, :, first:][keep])
+        ce = torch.where(has, (1 - distill) * ce + distill * sce, ce)
     ww = w[keep]
     loss = (ce * ww).sum() / ww.sum().clamp_min(1e-6)
     with torch.no_grad():
@@ -299,10 +334,10 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
             g["lr"] = lr = _lr_at(step, cfg, seconds0 + time.time() - t0)
         idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
         batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context,
-                           anchor_first=model.first_slot == 0)
+                           anchor_first=model.first_slot == 0, soft=cfg.distill > 0)
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         with autocast(device, cfg.amp):
-            loss, acc, _ = block_loss(model, batch, gamma)
+            loss, acc, _ = block_loss(model, batch, gamma, distill=cfg.distill)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         dist.average_grads(params)
