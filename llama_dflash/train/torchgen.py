@@ -141,15 +141,15 @@ class TorchTarget:
         """Logits of one sequence from the input of layer `first` at every position (x [T, E], causal,
         positions 0..T-1): what a layer-input tap of the last layers is enough to recompute. Only
         the positions `rows` when given (the head is most of the cost)."""
-        T = x.shape[0]
+        T, dev = x.shape[0], self.device
         g = self.shape.n_head // self.shape.n_head_kv
-        pos = torch.arange(T, device=x.device)[None]
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        pos = torch.arange(T, device=dev)[None]
+        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
         amask = causal[None, None, None].expand(1, 1, g, T, T).reshape(1, 1, g * T, T)
-        h = x[None].to(self.device, torch.float32)
+        h = x[None].to(dev, torch.float32)
         for L in self.layers[first:]:
             h = self._layer(L, h, pos, amask, None, 0)
-        h = h[0] if rows is None else h[0, rows]
+        h = h[0] if rows is None else h[0, rows.to(dev)]
         return _rms_norm(h, self.out_norm, self.shape.rms_eps) @ self.head.T
 
     @torch.no_grad()
