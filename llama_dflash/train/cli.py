@@ -295,9 +295,8 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                                      progress=progress)
         say(f"soft labels: the target's top {args.soft_top_k} for {soft_stats['rows']} answer rows "
             f"(top-1 = the recorded greedy choice for {soft_stats['agree']:.3f})")
-    soft_added = soft_stats is not None
     dist.barrier()
-    if args.add_greedy_labels or soft_added or (not dist.main and (not args.reuse_data or args.distill > 0)):
+    if args.add_greedy_labels or soft_stats is not None or (not dist.main and (not args.reuse_data or args.distill > 0)):
         cache = FeatureCache(data_dir)  # the data rank 0 made, with the labels it added
         if not mix:
             cache.truncate(len(train_prompts))

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 __all__ = ["FeatureCache", "build_cache", "extract_features", "Sequence_", "GREEDY_FILE", "SOFT_IDS_FILE",
-           "SOFT_LOGP_FILE", "SOFT_META_FILE"]
+           "SOFT_LOGP_FILE", "SOFT_META_FILE", "soft_rows_written"]
 
 #: per-row greedy choices of the target (int32, -1: unknown, use the cached next token)
 GREEDY_FILE = "greedy.i32"
@@ -29,6 +29,17 @@ GREEDY_FILE = "greedy.i32"
 SOFT_IDS_FILE = "soft_ids.i32"
 SOFT_LOGP_FILE = "soft_logp.f16"
 SOFT_META_FILE = "soft.json"  # {"top_k": K}
+
+
+def soft_rows_written(root: str) -> tuple[int, int]:
+    """(K, rows) of the soft-label files in `root`: complete rows in both files; (0, 0) without them."""
+    mpath = os.path.join(root, SOFT_META_FILE)
+    ipath, lpath = os.path.join(root, SOFT_IDS_FILE), os.path.join(root, SOFT_LOGP_FILE)
+    if not all(os.path.isfile(p) for p in (mpath, ipath, lpath)):
+        return 0, 0
+    with open(mpath, encoding="utf-8") as f:
+        k = int(json.load(f)["top_k"])
+    return k, min(os.path.getsize(ipath) // (4 * k), os.path.getsize(lpath) // (2 * k))
 
 
 @dataclass
@@ -85,16 +96,11 @@ class FeatureCache:
 
     def _read_soft(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """(ids int32 [n_rows, K], logp float16 [n_rows, K]) memmaps, or None unless every row has them."""
-        mpath = os.path.join(self.root, SOFT_META_FILE)
-        ipath, lpath = os.path.join(self.root, SOFT_IDS_FILE), os.path.join(self.root, SOFT_LOGP_FILE)
-        if not self.n_rows or not all(os.path.isfile(p) for p in (mpath, ipath, lpath)):
+        k, written = soft_rows_written(self.root)
+        if not self.n_rows or written < self.n_rows:
             return None
-        with open(mpath, encoding="utf-8") as f:
-            k = int(json.load(f)["top_k"])
-        if min(os.path.getsize(ipath) // (4 * k), os.path.getsize(lpath) // (2 * k)) < self.n_rows:
-            return None
-        return (np.memmap(ipath, dtype=np.int32, mode="r", shape=(self.n_rows, k)),
-                np.memmap(lpath, dtype=np.float16, mode="r", shape=(self.n_rows, k)))
+        return (np.memmap(os.path.join(self.root, SOFT_IDS_FILE), dtype=np.int32, mode="r", shape=(self.n_rows, k)),
+                np.memmap(os.path.join(self.root, SOFT_LOGP_FILE), dtype=np.float16, mode="r", shape=(self.n_rows, k)))
 
     def to_device(self, device, max_fraction: float = 0.5) -> bool:
         """Copy every feature row to `device` once (float16), so training batches are gathered

@@ -4,8 +4,8 @@ A hard label says which token the target chose; its distribution also says how c
 runners-up were, which is more to learn from per row when the data is small (EAGLE-3 and vLLM's
 speculators train drafts on the target's probabilities). The cache already holds what it takes
 to recompute them cheaply: the input of the deepest tapped layer (for SmolLM2 the last of 30
-layers), so only the layers from there on and the head run, in PyTorch — ~1,100 rows/s on a
-2-core CPU, a twentieth of generating the rows.
+layers), so only the layers from there on and the head run, in PyTorch — ~1,650 rows/s on a
+2-core CPU, over 10x the rate at which llama.cpp generates them there.
 
 Files beside features.f16: `soft_ids.i32` and `soft_logp.f16`, rows x K (target token ids and
 their log-probabilities over the whole vocabulary, best first; id -1 on prompt rows, which
@@ -20,9 +20,10 @@ from typing import Optional
 
 import numpy as np
 
-from .data import SOFT_IDS_FILE, SOFT_LOGP_FILE, SOFT_META_FILE, FeatureCache
+from .data import SOFT_IDS_FILE, SOFT_LOGP_FILE, SOFT_META_FILE, FeatureCache, soft_rows_written
 
 __all__ = ["add_soft_labels"]
+
 
 def add_soft_labels(root: str, model_path: str, *, top_k: int = 16, device: str = "cpu",
                     progress: bool = True) -> dict:
@@ -45,11 +46,9 @@ def add_soft_labels(root: str, model_path: str, *, top_k: int = 16, device: str 
         raise ValueError(f"{root}: the cache was not made from {os.path.basename(model_path)}")
     mpath = os.path.join(root, SOFT_META_FILE)
     ipath, lpath = os.path.join(root, SOFT_IDS_FILE), os.path.join(root, SOFT_LOGP_FILE)
-    done = 0
-    if os.path.isfile(mpath):
-        with open(mpath, encoding="utf-8") as f:
-            if int(json.load(f)["top_k"]) == top_k and os.path.isfile(ipath) and os.path.isfile(lpath):
-                done = min(os.path.getsize(ipath) // (4 * top_k), os.path.getsize(lpath) // (2 * top_k))
+    k, done = soft_rows_written(root)
+    if k != top_k:
+        done = 0
     if not done:
         with open(mpath, "w", encoding="utf-8") as f:
             json.dump({"top_k": top_k, "model": os.path.basename(model_path)}, f)

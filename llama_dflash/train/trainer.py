@@ -127,17 +127,16 @@ def make_batch(cache: FeatureCache, idx: list[int], block: int, n_anchors: int, 
     return (t(feats), t(valid), t(btoks), t(anc), t(labels)) + extra
 
 
-def _soft_ce(model: DraftModel, logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of the draft's logits [R, V] against the target's top-K distribution (ids
-    [R, K] target ids, -1 none; logp [R, K]), renormalised over the entries the head can say;
-    returns (ce [R], has [R] bool: rows with any such entry)."""
+def _soft_ce(model: DraftModel, log_probs: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the draft's log-probabilities [R, V] against the target's top-K
+    distribution (ids [R, K] target ids, -1 none; logp [R, K]), renormalised over the entries the
+    head can say; returns (ce [R], has [R] bool: rows with any such entry)."""
     rows = model.head_rows(ids)
     ok = rows >= 0
-    q = torch.softmax(torch.where(ok, logp.float(), torch.full_like(logp.float(), float("-inf"))), dim=-1)
     has = ok.any(-1)
-    q = torch.where(has[:, None], q, torch.zeros_like(q)).nan_to_num(0.0)
-    lsm = torch.log_softmax(logits.float(), dim=-1).gather(-1, rows.clamp_min(0))
-    return -(q * lsm).sum(-1), has
+    q = torch.softmax(logp.float().masked_fill(~ok, float("-inf")), dim=-1)
+    q = torch.where(has[:, None], q, torch.zeros_like(q))  # rows with nothing in the head: no term
+    return -(q * log_probs.gather(-1, rows.clamp_min(0))).sum(-1), has
 
 
 def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0,
@@ -165,9 +164,10 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0,
         # slot k's previous token: the anchor's, then the labels before it
         prev = torch.cat([btoks[:, :, :1], ids[..., :-1].clamp_min(0)], dim=-1)
     logits = model.logits(hid[keep], None if prev is None else prev[keep])
-    ce = F.cross_entropy(logits.float(), lab[keep], reduction="none")
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # once, for the label and the distribution
+    ce = F.nll_loss(log_probs, lab[keep], reduction="none")
     if distill > 0 and len(batch) == 7:
-        sce, has = _soft_ce(model, logits, batch[5][:, :, first:][keep], batch[6][:, :, first:][keep])
+        sce, has = _soft_ce(model, log_probs, batch[5][:, :, first:][keep], batch[6][:, :, first:][keep])
         ce = torch.where(has, (1 - distill) * ce + distill * sce, ce)
     ww = w[keep]
     loss = (ce * ww).sum() / ww.sum().clamp_min(1e-6)
@@ -260,6 +260,9 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
     best weights so far are kept (`<ckpt>.best.pt`), training stops after cfg.patience evaluations
     without improvement, and the model ends with the best weights. Returns a summary dict
     (losses averaged over the ranks)."""
+    if cfg.distill > 0 and cache.soft is None:
+        raise ValueError("distill > 0 needs the target's distributions in the cache: run "
+                         "soft_labels.add_soft_labels on it first")
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     model.to(device)

@@ -235,3 +235,21 @@ def test_cli_distill_end_to_end(tiny_target, tmp_path):
 def test_cli_refuses_bad_distill_options(tiny_target, tmp_path, bad, msg):
     r = _train("--model", tiny_target, "--output", str(tmp_path / "d.gguf"), *bad, timeout=120)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_refuses_distill_without_distributions(tiny_target, tmp_path):
+    from llama_dflash.train.data import build_cache
+    from llama_dflash.train.model import load_target_head
+    from llama_dflash.train.trainer import TrainConfig, train
+
+    cache = build_cache(str(tmp_path / "d"), tiny_target, ["the cat is", "a b c"], target_layers=LAYERS,
+                        max_new_tokens=8, progress=False)
+    emb, head = load_target_head(tiny_target)
+    m = DraftModel(DraftShape(n_embd=64, n_layer=1, n_head=4, n_head_kv=2, block_size=4,
+                              target_layers=LAYERS), emb, head)
+    with pytest.raises(ValueError, match="add_soft_labels"):  # not a silent run on the labels alone
+        train(m, cache, TrainConfig(steps=2, distill=0.5), mask_id=3, train_ids=[0, 1], progress=False)
+    add_soft_labels(cache.root, tiny_target, top_k=2, progress=False)
+    out = train(m, FeatureCache(cache.root), TrainConfig(steps=2, distill=0.5), mask_id=3, train_ids=[0, 1],
+                progress=False)
+    assert out["steps"] == 2
