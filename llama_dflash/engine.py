@@ -207,7 +207,8 @@ class LlamaDFlashDecoding(_Decoder):
 
     def _adaptive(self) -> AdaptiveController:
         if self._auto_controller is None:
-            self._auto_controller = AdaptiveController(self.draft_info.max_draft_tokens)
+            # this engine's loop scores probes without verifying them (generate._Shadow)
+            self._auto_controller = AdaptiveController(self.draft_info.max_draft_tokens, shadow_probes=True)
         return self._auto_controller
 
     def set_draft_n_max(self, n: "int | str") -> "int | str":

@@ -38,6 +38,34 @@ class DraftController(Protocol):
         """What the step that drafted n_draft tokens cost and earned."""
         ...
 
+    # optional: `wants_features() -> bool`, asked after `choose`; False lets the step's target decode
+    # skip the layer-input extraction (the draft then never sees that row; see proposer.PositionMap)
+    # optional: `shadow_probe() -> int` asked after `choose` returned 0, and
+    # `observe_shadow(n_draft, n_accepted)`: see `_Shadow`
+
+
+@dataclass
+class _Shadow:
+    """A probe drafted but not verified: scored against the tokens the loop goes on to commit.
+
+    Under greedy decoding a verification would have accepted exactly the matching prefix (with
+    sampling, the same in distribution), so the controller learns the acceptance without paying
+    for a wide verification batch."""
+
+    tokens: list[int]
+    matched: int = 0
+    done: bool = False
+
+    def feed(self, committed: Sequence[int]) -> None:
+        for tok in committed:
+            if self.done:
+                return
+            if tok == self.tokens[self.matched]:
+                self.matched += 1
+                self.done = self.matched == len(self.tokens)
+            else:
+                self.done = True
+
 
 @dataclass
 class GenerationState:
@@ -192,8 +220,12 @@ def speculative_generate(
     def inject(features: np.ndarray, pos0: int) -> None:
         proposer.inject(features, pos0)
 
+    wants_features = getattr(controller, "wants_features", None)
+    shadow_probe = getattr(controller, "shadow_probe", None)
+    shadow: Optional[_Shadow] = None
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
     consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
+    target.set_extraction(True)
     try:
         prefill(target, prompt[n_reuse:-1], inject, pos0=n_reuse)
         stats.prefill_seconds = time.perf_counter() - t_start
@@ -203,9 +235,15 @@ def speculative_generate(
             if room < 0:
                 state.finish_reason = "length"
                 return
-            n_draft = min(proposer.n_max, room, max_tokens - consumed - 1)
-            if controller is not None and n_draft > 0:
-                n_draft = max(0, min(n_draft, controller.choose(n_draft)))
+            n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1)
+            if controller is not None and n_limit > 0:
+                n_draft = max(0, min(n_limit, controller.choose(n_limit)))
+                if wants_features is not None:
+                    target.set_extraction(n_draft > 0 or wants_features())
+                if n_draft == 0 and shadow_probe is not None:
+                    n_shadow = min(shadow_probe(), n_limit)
+                    if n_shadow > 0 and shadow is None:
+                        shadow = _start_shadow(proposer, id_last, n_past, n_shadow, stats)
             t0 = time.perf_counter()
             draft = proposer.propose(id_last, n_past, n_draft) if n_draft > 0 else []
             t1 = time.perf_counter()
@@ -218,6 +256,12 @@ def speculative_generate(
                 raise LlamaCallError(f"the target cache could not be rolled back to position {n_past}")
             if controller is not None:
                 controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
+            if shadow is not None:
+                shadow.feed(ids)
+                if shadow.done:
+                    stats.shadow_accepted += shadow.matched
+                    controller.observe_shadow(len(shadow.tokens), shadow.matched)  # type: ignore[union-attr]
+                    shadow = None
             for tok in ids:
                 if _is_stop(tok, target):
                     state.finish_reason = "stop"
@@ -239,6 +283,13 @@ def speculative_generate(
         if keep < n_past:
             state.n_past = _rewind(rewinder, proposer, keep)
         rewinder.settle()
+        target.set_extraction(True)
+
+
+def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: SpecStats) -> Optional[_Shadow]:
+    tokens = proposer.propose(id_last, n_past, n, shadow=True)
+    stats.shadow_probes += 1
+    return _Shadow(tokens) if tokens else None
 
 
 def _verify_and_accept(
@@ -270,7 +321,8 @@ def _verify_and_accept(
     n_accepted = len(ids) - 1
     stats.record_step(len(draft), n_accepted)
     # only the rows that stay in the target cache feed the draft: id_last and accepted drafts
-    proposer.inject(target.layer_features(n_accepted + 1), n_past)
+    if target.extracting:
+        proposer.inject(target.layer_features(n_accepted + 1), n_past)
     return ids
 
 

@@ -55,6 +55,10 @@ class SpecStats:
     adaptive: bool = False
     chosen_draft_tokens: dict[str, int] = field(default_factory=dict)  # k -> steps that drafted k
     ordinary_steps: int = 0  # steps the controller decoded without a draft
+    # probes drafted but not verified: scored against the tokens ordinary decoding went on to produce
+    shadow_probes: int = 0
+    shadow_drafted: int = 0
+    shadow_accepted: int = 0
     cost_curve: dict[str, float] = field(default_factory=dict)  # k -> measured seconds per step
 
     # ---- derived values -------------------------------------------------------------------
