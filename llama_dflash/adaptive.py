@@ -12,10 +12,7 @@ probe is not verified: the loop drafts the probe's tokens, decodes ordinarily, a
 exactly what verifying them would have accepted; a probe then costs one draft block instead of a
 wide verification (on a 2-core CPU ~0.2 instead of ~1.5 extra decodes).  Once a shadow probe is
 accepted whole, the probes that follow are verified again: they earn their tokens and measure the
-deeper slots in one step each, so speculation resumes as fast as without shadows.  Between probes that are far apart nothing reads
-the target's layer inputs, so the loop stops extracting them (`wants_features`) until `warm_window`
-steps before the next probe: the probe's draft then sees the prompt, every row up to the idle
-stretch and the last `warm_window` rows, not the rows in between.
+deeper slots in one step each, so speculation resumes as fast as without shadows.
 
 Costs are measured, not assumed: on a 2-core CPU verifying 8 rows costs ~5 single decodes, on a
 GPU nearly one.  Tests inject fixed cost curves instead.
@@ -152,7 +149,7 @@ class AdaptiveController:
 
     def __init__(self, n_max: int, costs: Optional[object] = None, *, probe_interval: int = 8,
                  max_probe_interval: int = 128, probe_tokens: int = 2, margin: float = 1.0,
-                 warm_window: int = 16, shadow_probes: bool = False):
+                 shadow_probes: bool = False):
         self.n_max = n_max
         self.costs = costs if costs is not None else CostModel()
         self.acceptance = AcceptanceModel(n_max)
@@ -164,8 +161,6 @@ class AdaptiveController:
         self.margin = margin  # speculation must beat ordinary by this factor
         self._since_probe = 0
         self._probing = False
-        self._last_k = 0
-        self.warm_window = warm_window
         self.shadow_probes = shadow_probes
         self._shadow = 0  # tokens of a shadow probe chosen for this step, until the loop takes it
         self._verify_next_probe = False
@@ -192,16 +187,8 @@ class AdaptiveController:
                     else:
                         self._probing = True
                         k = min(self._probe_len, n_limit)
-        self._last_k = k
         self._record_choice(k)
         return k
-
-    def wants_features(self) -> bool:
-        """Whether the step just chosen must extract the target's layer inputs for the draft:
-        not while decoding ordinarily with the next probe more than `warm_window` steps away."""
-        if self._last_k or self._probing:
-            return True
-        return self.probe_interval - self._since_probe <= self.warm_window
 
     def shadow_probe(self) -> int:
         """Tokens to draft without verifying them in the step just chosen (0: none); the loop

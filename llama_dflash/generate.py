@@ -38,8 +38,6 @@ class DraftController(Protocol):
         """What the step that drafted n_draft tokens cost and earned."""
         ...
 
-    # optional: `wants_features() -> bool`, asked after `choose`; False lets the step's target decode
-    # skip the layer-input extraction (the draft then never sees that row; see proposer.PositionMap)
     # optional: `shadow_probe() -> int` asked after `choose` returned 0, and
     # `observe_shadow(n_draft, n_accepted)`: see `_Shadow`
 
@@ -220,12 +218,10 @@ def speculative_generate(
     def inject(features: np.ndarray, pos0: int) -> None:
         proposer.inject(features, pos0)
 
-    wants_features = getattr(controller, "wants_features", None)
     shadow_probe = getattr(controller, "shadow_probe", None)
     shadow: Optional[_Shadow] = None
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
     consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
-    target.set_extraction(True)
     try:
         prefill(target, prompt[n_reuse:-1], inject, pos0=n_reuse)
         stats.prefill_seconds = time.perf_counter() - t_start
@@ -238,8 +234,6 @@ def speculative_generate(
             n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1)
             if controller is not None and n_limit > 0:
                 n_draft = max(0, min(n_limit, controller.choose(n_limit)))
-                if wants_features is not None:
-                    target.set_extraction(n_draft > 0 or wants_features())
                 if n_draft == 0 and shadow_probe is not None:
                     n_shadow = min(shadow_probe(), n_limit)
                     if n_shadow > 0 and shadow is None:
@@ -283,7 +277,6 @@ def speculative_generate(
         if keep < n_past:
             state.n_past = _rewind(rewinder, proposer, keep)
         rewinder.settle()
-        target.set_extraction(True)
 
 
 def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: SpecStats) -> Optional[_Shadow]:
@@ -321,8 +314,7 @@ def _verify_and_accept(
     n_accepted = len(ids) - 1
     stats.record_step(len(draft), n_accepted)
     # only the rows that stay in the target cache feed the draft: id_last and accepted drafts
-    if target.extracting:
-        proposer.inject(target.layer_features(n_accepted + 1), n_past)
+    proposer.inject(target.layer_features(n_accepted + 1), n_past)
     return ids
 
 

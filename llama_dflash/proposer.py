@@ -46,7 +46,7 @@ from .inspect import DraftInfo
 from .stats import SpecStats
 from .target import TargetContext, default_threads, float_view
 
-__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "PositionMap", "selector_walk"]
+__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "selector_walk"]
 
 CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
 
@@ -89,64 +89,6 @@ class Proposer(Protocol):
     def clear(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class PositionMap:
-    """Target positions -> draft cache positions, for target rows whose features never came.
-
-    While the adaptive controller decodes ordinarily for a long stretch, the target skips the
-    layer-input extraction (see `generate`), so those rows have no features to inject.  llama.cpp
-    wants every decode of a sequence to continue right after the last position in its cache, so
-    the draft cache cannot keep holes: rows injected after a gap move down to close it, and the
-    block is decoded right after the last injected row.  Without gaps the map is the identity;
-    the first run always starts at its own position.
-    """
-
-    def __init__(self) -> None:
-        self.runs: list[tuple[int, int]] = []  # (target pos, draft pos) where each contiguous run starts
-        self.end_target = 0  # target position after the last mapped row
-        self.end_draft = 0  # draft position after the last mapped row
-
-    def place(self, pos0: int, n: int) -> int:
-        """Map n rows at target positions pos0..; returns the draft position of the first."""
-        if n == 0:
-            return self.end_draft
-        if not self.runs:
-            self.runs.append((pos0, pos0))
-            self.end_target = self.end_draft = pos0
-        elif pos0 != self.end_target:
-            if pos0 < self.end_target:
-                raise ValueError(f"features for position {pos0} come before the mapped end {self.end_target}"
-                                 " (roll back first)")
-            self.runs.append((pos0, self.end_draft))
-        d0 = self.end_draft
-        self.end_target = pos0 + n
-        self.end_draft = d0 + n
-        return d0
-
-    def cut(self, n_keep: int) -> int:
-        """Forget target positions >= n_keep; returns the draft position from which rows go.
-
-        Rows below the first run (or every row, while nothing is mapped: a cache restored from a
-        saved state) sit at their own positions."""
-        cut = self.end_draft
-        while self.runs and self.runs[-1][0] >= n_keep:
-            cut = self.runs.pop()[1]
-        if not self.runs:
-            self.end_target = self.end_draft = 0
-            return n_keep
-        t0, d0 = self.runs[-1]
-        keep = min(cut - d0, n_keep - t0)
-        self.end_target, self.end_draft = t0 + keep, d0 + keep
-        return self.end_draft
-
-    def block_pos(self, n_past: int) -> int:
-        """Where a block for target position n_past is decoded: right after the injected rows."""
-        return self.end_draft if self.runs else n_past
-
-    def clear(self) -> None:
-        self.runs.clear()
-        self.end_target = self.end_draft = 0
 
 
 class DFlashProposer:
@@ -213,9 +155,8 @@ class DFlashProposer:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         self._chunk = n_ub
-        self._pending: list[tuple[np.ndarray, int]] = []  # (features, draft pos) queued by inject()
+        self._pending: list[tuple[np.ndarray, int]] = []  # features queued by inject() (C-contiguous f32)
         self._pending_rows = 0
-        self.positions = PositionMap()
         self._embd = ll.llama_embd(None, 1, 0)
         self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
 
@@ -313,9 +254,8 @@ class DFlashProposer:
         They are written in one batched decode when the draft is next used (or a batch fills up):
         while the adaptive controller decodes ordinarily, one draft decode per token would cost
         several percent of the step for nothing.  `features` must not be modified afterwards.
-        Positions may skip rows that have no features (`PositionMap`), never go back.
         """
-        self._pending.append((features, self.positions.place(pos0, features.shape[0])))
+        self._pending.append((features, pos0))
         self._pending_rows += features.shape[0]
         if self._pending_rows >= self._chunk:
             self.flush()
@@ -382,20 +322,19 @@ class DFlashProposer:
             return []
         self.flush()
         t0 = time.perf_counter()
-        pos = self.positions.block_pos(n_past)
         # guard: a block longer than dflash.block_size makes llama.cpp skip the DSpark Markov head
         # silently (and DFlash2 lattice rows stop at block_size)
         assert n_block <= self.info.block_size
         tokens: list[int] = []
         try:
             try:
-                tokens = self._draft_block(id_last, pos, n_block)
+                tokens = self._draft_block(id_last, n_past, n_block)
             except _RetryOnCpu:
-                self.ctx.seq_rm(0, pos, -1)
-                tokens = self._draft_block(id_last, pos, n_block)
+                self.ctx.seq_rm(0, n_past, -1)
+                tokens = self._draft_block(id_last, n_past, n_block)
         finally:
             # keep only the injected features: the block's own K/V must not stay in the cache
-            self.ctx.seq_rm(0, pos, -1)
+            self.ctx.seq_rm(0, n_past, -1)
         if len(tokens) < self.n_min:
             tokens = []
         tokens = tokens[:n]
@@ -407,9 +346,8 @@ class DFlashProposer:
             self.stats.drafted += len(tokens)
         return tokens
 
-    def _draft_block(self, id_last: int, pos: int, n_block: int) -> list[int]:
-        """Decode `[id_last, MASK...]` (n_block rows, at draft position pos) and read the draft
-        tokens off its slots.
+    def _draft_block(self, id_last: int, n_past: int, n_block: int) -> list[int]:
+        """Decode `[id_last, MASK...]` (n_block rows) and read the draft tokens off its slots.
 
         DFlash (and DSpark with sample_from_anchor false) reads slots 1..n_block-1, anchor-first
         DSpark reads 0..n_block-1.  The draft token of a slot is its top candidate (ties: lowest
@@ -427,10 +365,10 @@ class DFlashProposer:
         # DFlash2 reads its lattice (one row per token, unmasked) and asks for no logits at all.
         outputs = not self.info.is_dflash2
         for i in range(n_block):
-            b.add_token(id_last if i == 0 else self.mask, pos + i, outputs)
+            b.add_token(id_last if i == 0 else self.mask, n_past + i, outputs)
         rc = b.process()
         if rc != 0:
-            raise LlamaCallError(f"draft block decode at position {pos} failed (rc {rc})")
+            raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
         if self.info.is_dflash2:
             lattice = ext.llama_get_embeddings_nextn(self.ctx.ptr)
             if not lattice:
@@ -456,17 +394,14 @@ class DFlashProposer:
         return tokens
 
     def rollback(self, n_past: int) -> None:
-        """Keep the features of target positions < n_past."""
-        cut = self.positions.cut(n_past)
-        kept = [(f[: cut - p0], p0) for f, p0 in self._pending if p0 < cut]
+        kept = [(f[: n_past - p0], p0) for f, p0 in self._pending if p0 < n_past]
         self._pending = kept
         self._pending_rows = sum(f.shape[0] for f, _ in kept)
-        self.ctx.seq_rm(0, cut, -1)
+        self.ctx.seq_rm(0, n_past, -1)
 
     def clear(self) -> None:
         self._pending.clear()
         self._pending_rows = 0
-        self.positions.clear()
         self.ctx.clear()
 
     def pos_max(self) -> int:

@@ -86,19 +86,9 @@ class TargetContext:
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self.extract_layers = tuple(int(x) for x in extract_layers)
-        self.extracting = False
-        self.set_extraction(True)
+        for lid in self.extract_layers:
+            ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, True)
         self._n_rows = 0  # rows of the last decode
-        self._n_extracted = 0  # rows of the last decode whose layer inputs were extracted
-
-    def set_extraction(self, on: bool) -> None:
-        """Extract the layer inputs in later decodes, or not (a decode with them costs ~3-5% more
-        on a 2-core CPU: worth skipping while nothing will read them)."""
-        on = bool(on) and bool(self.extract_layers)
-        if on != self.extracting:
-            for lid in self.extract_layers:
-                ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, on)
-            self.extracting = on
 
     @property
     def n_ctx(self) -> int:
@@ -128,7 +118,6 @@ class TargetContext:
         if rc != 0:
             raise LlamaCallError(f"target decode of {n} tokens at position {pos0} failed (llama_process returned {rc})")
         self._n_rows = n
-        self._n_extracted = n if self.extracting else 0
 
     def logits_rows(self, n: int) -> np.ndarray:
         """A zero-copy [n, n_vocab] view of the first n output rows of the last decode."""
@@ -147,8 +136,6 @@ class TargetContext:
     def layer_features(self, n_rows: int | None = None) -> np.ndarray:
         """Inputs of the extracted layers for the first n_rows (default all) rows of the last
         decode: a new [rows, n_layers*n_embd] float32 array."""
-        if self.extract_layers and self._n_extracted != self._n_rows:
-            raise LlamaCallError("the last target decode did not extract layer inputs")
         n, e = self._n_rows if n_rows is None else min(n_rows, self._n_rows), self.n_embd
         out = np.empty((n, len(self.extract_layers) * e), dtype=np.float32)
         for k, lid in enumerate(self.extract_layers):
