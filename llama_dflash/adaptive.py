@@ -21,11 +21,11 @@ GPU nearly one.  Tests inject fixed cost curves instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from .stats import SpecStats
 
-__all__ = ["CostModel", "FixedCosts", "AcceptanceModel", "AdaptiveController"]
+__all__ = ["CostModel", "FixedCosts", "AcceptanceModel", "AdaptiveController", "ShadowProbe"]
 
 
 class CostModel:
@@ -273,3 +273,31 @@ class AdaptiveController:
         s.chosen_draft_tokens[str(k)] = s.chosen_draft_tokens.get(str(k), 0) + 1
         if k == 0:
             s.ordinary_steps += 1
+
+
+@dataclass
+class ShadowProbe:
+    """A probe drafted but not verified, scored against the tokens the loop goes on to commit.
+
+    Under greedy decoding a verification would have accepted exactly the matching prefix (with
+    sampling, the same in distribution), so the controller learns the acceptance without paying
+    for a wide verification batch."""
+
+    tokens: list[int]
+    matched: int = 0
+    done: bool = False
+
+    def feed(self, committed: Sequence[int], controller: "AdaptiveController", stats: SpecStats) -> bool:
+        """Score the next committed tokens; once decided, report it (True: the probe is over)."""
+        for tok in committed:
+            if tok != self.tokens[self.matched]:
+                self.done = True
+                break
+            self.matched += 1
+            if self.matched == len(self.tokens):
+                self.done = True
+                break
+        if self.done:
+            stats.shadow_accepted += self.matched
+            controller.observe_shadow(len(self.tokens), self.matched)
+        return self.done

@@ -207,7 +207,7 @@ class LlamaDFlashDecoding(_Decoder):
 
     def _adaptive(self) -> AdaptiveController:
         if self._auto_controller is None:
-            # this engine's loop scores probes without verifying them (generate._Shadow)
+            # this engine's loop scores probes without verifying them (adaptive.ShadowProbe)
             self._auto_controller = AdaptiveController(self.draft_info.max_draft_tokens, shadow_probes=True)
         return self._auto_controller
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .adaptive import ShadowProbe
 from .errors import LlamaCallError
 from .proposer import Proposer
 from .rewind import Rewinder
@@ -39,30 +40,7 @@ class DraftController(Protocol):
         ...
 
     # optional: `shadow_probe() -> int` asked after `choose` returned 0, and
-    # `observe_shadow(n_draft, n_accepted)`: see `_Shadow`
-
-
-@dataclass
-class _Shadow:
-    """A probe drafted but not verified: scored against the tokens the loop goes on to commit.
-
-    Under greedy decoding a verification would have accepted exactly the matching prefix (with
-    sampling, the same in distribution), so the controller learns the acceptance without paying
-    for a wide verification batch."""
-
-    tokens: list[int]
-    matched: int = 0
-    done: bool = False
-
-    def feed(self, committed: Sequence[int]) -> None:
-        for tok in committed:
-            if self.done:
-                return
-            if tok == self.tokens[self.matched]:
-                self.matched += 1
-                self.done = self.matched == len(self.tokens)
-            else:
-                self.done = True
+    # `observe_shadow(n_draft, n_accepted)`: see `adaptive.ShadowProbe`
 
 
 @dataclass
@@ -219,7 +197,7 @@ def speculative_generate(
         proposer.inject(features, pos0)
 
     shadow_probe = getattr(controller, "shadow_probe", None)
-    shadow: Optional[_Shadow] = None
+    shadow: Optional[ShadowProbe] = None
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
     consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
     try:
@@ -250,12 +228,8 @@ def speculative_generate(
                 raise LlamaCallError(f"the target cache could not be rolled back to position {n_past}")
             if controller is not None:
                 controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
-            if shadow is not None:
-                shadow.feed(ids)
-                if shadow.done:
-                    stats.shadow_accepted += shadow.matched
-                    controller.observe_shadow(len(shadow.tokens), shadow.matched)  # type: ignore[union-attr]
-                    shadow = None
+            if shadow is not None and shadow.feed(ids, controller, stats):
+                shadow = None
             for tok in ids:
                 if _is_stop(tok, target):
                     state.finish_reason = "stop"
@@ -279,10 +253,10 @@ def speculative_generate(
         rewinder.settle()
 
 
-def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: SpecStats) -> Optional[_Shadow]:
+def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: SpecStats) -> Optional[ShadowProbe]:
     tokens = proposer.propose(id_last, n_past, n, shadow=True)
     stats.shadow_probes += 1
-    return _Shadow(tokens) if tokens else None
+    return ShadowProbe(tokens) if tokens else None
 
 
 def _verify_and_accept(

@@ -208,7 +208,7 @@ class Llama(llama_cpp.Llama):
                 proposer.close()
             target.close()
             raise
-        controller = AdaptiveController(info.max_draft_tokens) if spec.adaptive else None
+        controller = AdaptiveController(info.max_draft_tokens, shadow_probes=True) if spec.adaptive else None
         # input_ids is sized by the n_ctx asked for, which llama.cpp may round up for the cache
         self._speculator = Speculator(target, proposer, rewinder, controller, stats,
                                       max_positions=min(ctx.n_ctx, len(self.input_ids)))

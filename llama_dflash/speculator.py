@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, ShadowProbe
 from .proposer import DFlashProposer, Proposer
 from .rewind import Rewinder
 from .stats import SpecStats
@@ -60,12 +60,16 @@ class Speculator:
         self.draft_end = 0
         self._pending: Optional[tuple[np.ndarray, int]] = None
         self._block: Optional[_Block] = None
+        # a probe drafted without verification (controller.shadow_probes) and the position of the
+        # next committed token it has not been scored against yet
+        self._shadow: Optional[tuple[ShadowProbe, int]] = None
 
     # ---- the draft_model interface of llama_cpp.Llama.generate -----------------------------------
     def __call__(self, input_ids: np.ndarray) -> np.ndarray:
         """Draft tokens to follow `input_ids` (the committed sequence plus the token just sampled)."""
         n_past = len(input_ids) - 1
         self._finish_block(n_past)
+        self._score_shadow(input_ids)
         self.commit(n_past)
         self.rollback(n_past)
         n = min(self.proposer.n_max, self.max_positions - 1 - n_past, self.target.ctx.n_batch - 1)
@@ -73,11 +77,34 @@ class Speculator:
             self._block = _Block(n_past, [], 0.0)
             return np.zeros(0, dtype=np.intc)
         if self.controller is not None:
-            n = max(0, min(n, self.controller.choose(n)))
+            n_limit, n = n, max(0, min(n, self.controller.choose(n)))
+            if n == 0:
+                self._start_shadow(int(input_ids[-1]), n_past, min(self.controller.shadow_probe(), n_limit))
         t0 = time.perf_counter()
         draft = self.proposer.propose(int(input_ids[-1]), n_past, n) if n > 0 else []
         self._block = _Block(n_past, list(draft), time.perf_counter() - t0)
         return np.asarray(draft, dtype=np.intc)
+
+    def _start_shadow(self, id_last: int, n_past: int, n: int) -> None:
+        if n <= 0 or self._shadow is not None:
+            return
+        tokens = self.proposer.propose(id_last, n_past, n, shadow=True)
+        self.stats.shadow_probes += 1
+        if tokens:
+            self._shadow = (ShadowProbe(tokens), n_past + 1)
+
+    def _score_shadow(self, input_ids: np.ndarray) -> None:
+        """Score the shadow probe against the tokens committed since the last call."""
+        if self._shadow is None or self.controller is None:
+            return
+        shadow, pos = self._shadow
+        if len(input_ids) < pos:  # the sequence went back: the probe is moot
+            self._shadow = None
+            return
+        if shadow.feed([int(t) for t in input_ids[pos:]], self.controller, self.stats):
+            self._shadow = None
+        else:
+            self._shadow = (shadow, len(input_ids))
 
     def block_for(self, tokens: Sequence[int], pos0: int) -> int:
         """How many of `tokens` (evaluated at pos0) are the last proposal's drafts (0: none)."""
@@ -138,11 +165,14 @@ class Speculator:
     def clear(self) -> None:
         self._pending = None
         self._block = None
+        self._shadow = None
         self.proposer.clear()
         self.draft_end = 0
 
     def use_stats(self, stats: SpecStats) -> None:
-        """Count the next generation into `stats` (every part that records anything)."""
+        """Count the next generation into `stats` (every part that records anything); a shadow
+        probe the last generation left unscored is dropped."""
+        self._shadow = None
         self.stats = self.draft.stats = self.rewinder.stats = stats
         if self.controller is not None:
             self.controller.stats = stats

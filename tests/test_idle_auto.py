@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from conftest import PROMPT_TEXT
@@ -135,3 +136,82 @@ def test_auto_resumes_after_idle_stretches_with_identical_output(long_config, ti
     s = res.stats
     assert s.shadow_probes > 0 and s.shadow_accepted > 0
     assert s.accepted > 60 and any(int(k) >= 4 for k in s.chosen_draft_tokens)
+
+
+# ---- llama_dflash.Llama (the drop-in and the server: Speculator) ------------------------------
+HL = dict(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=1, verbose=False)
+
+
+def _llama_cpp_tokens(tiny_target, n):
+    """Greedy continuation of PROMPT_TEXT by llama_cpp.Llama itself (the reference)."""
+    import llama_cpp
+
+    ref = llama_cpp.Llama(tiny_target, **HL)
+    try:
+        prompt = ref.tokenize(PROMPT_TEXT.encode())
+        eos = ref.token_eos()
+
+        def no_eos(_ids, scores):
+            scores[eos] = -np.inf
+            return scores
+
+        out = []
+        for tok in ref.generate(prompt, temp=0.0, logits_processor=llama_cpp.LogitsProcessorList([no_eos])):
+            out.append(int(tok))
+            if len(out) == n:
+                break
+        text = _complete(ref, n)
+        assert ref.detokenize(out).decode(errors="ignore").startswith(text[:20])
+        return prompt, out, text
+    finally:
+        ref.close()
+
+
+def _complete(llm, n):
+    """n greedy tokens, end of generation masked (the tiny target would stop early)."""
+    out = llm.create_completion(PROMPT_TEXT, max_tokens=n, temperature=0, logit_bias={llm.token_eos(): -1e9})
+    assert out["usage"]["completion_tokens"] == n
+    return out["choices"][0]["text"]
+
+
+def _auto_llama(tiny_target, tiny_draft, script):
+    from llama_dflash.highlevel import Llama
+
+    llm = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max="auto"), **HL)
+    llm.speculator.controller.costs = CPU
+    llm.speculator.use_proposer(ScriptedProposer(llm.speculator.draft, script))
+    return llm
+
+
+def test_dropin_idle_auto_verifies_no_probe(tiny_target, tiny_draft):
+    _, _, ref_text = _llama_cpp_tokens(tiny_target, 300)
+    llm = _auto_llama(tiny_target, tiny_draft, lambda n_past, n: [(t % 300) + 7 for t in range(n)])
+    try:
+        texts = [_complete(llm, 300) for _ in range(2)]
+        s = llm.speculator.stats  # the second completion's
+    finally:
+        llm.close()
+    assert texts == [ref_text, ref_text]
+    assert s.verified == 0 and s.rollbacks == 0  # every probe was a shadow probe
+    assert s.shadow_probes >= 2 and s.shadow_drafted == 2 * s.shadow_probes and s.shadow_accepted == 0
+
+
+def test_dropin_auto_resumes_after_an_idle_stretch(tiny_target, tiny_draft):
+    prompt, ref, ref_text = _llama_cpp_tokens(tiny_target, 300)
+    seq = list(prompt) + ref
+
+    def script(n_past, n):
+        block = seq[n_past + 1 : n_past + 1 + n]
+        good = n_past + 1 - len(prompt) >= 130
+        return block if good else [(t + 3) % 300 + 1 for t in block]
+
+    llm = _auto_llama(tiny_target, tiny_draft, script)
+    try:
+        text = _complete(llm, 300)
+        s = llm.speculator.stats
+    finally:
+        llm.close()
+    assert text == ref_text
+    assert s.shadow_probes > 0 and s.shadow_accepted > 0
+    # (verified probes resume the same way here: 44 accepted, k 2 x5, 4, 8, 15 x3)
+    assert s.accepted > 30 and s.rollbacks == 0 and any(int(k) >= 8 for k in s.chosen_draft_tokens)
