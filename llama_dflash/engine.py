@@ -10,7 +10,7 @@ from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
 from .inspect import DraftInfo, GGUFInfo, check_gguf_file, read_draft, validate_pair, validate_target
-from .proposer import DFlashProposer, Proposer
+from .proposers import DFlashProposer, Proposer
 from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats

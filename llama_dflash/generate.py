@@ -16,7 +16,7 @@ import numpy as np
 
 from .adaptive import ShadowProbe
 from .errors import LlamaCallError
-from .proposer import Proposer
+from .proposers import Proposer
 from .rewind import Rewinder
 from .sampling import Sampler
 from .stats import SpecStats

@@ -50,7 +50,7 @@ from .errors import LlamaCallError
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
 from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
-from .proposer import DFlashProposer
+from .proposers import DFlashProposer
 from .rewind import is_recurrent_model, make_rewinder
 from .speculator import Speculator
 from .stats import SpecStats

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .adaptive import AdaptiveController, ShadowProbe
-from .proposer import DFlashProposer, Proposer
+from .proposers import DFlashProposer, Proposer
 from .rewind import Rewinder
 from .stats import SpecStats
 from .target import TargetContext

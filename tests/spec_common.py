@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import PROMPT_TEXT
 from llama_dflash import OrdinaryDecoding
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 
 N_TOKENS = 40
 

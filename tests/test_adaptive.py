@@ -7,7 +7,7 @@ import pytest
 from conftest import PROMPT_TEXT
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig
 from llama_dflash.adaptive import AcceptanceModel, AdaptiveController, CostModel, FixedCosts
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 
 CPU = FixedCosts(verify=lambda k: 0.010 + 0.006 * k, draft=lambda k: 0.004 + 0.0007 * k)  # DESIGN.md's curve
 GPU = FixedCosts(verify=lambda k: 0.010 + 0.0002 * k, draft=lambda k: 0.001 + 0.0001 * k)

@@ -9,7 +9,7 @@ import pytest
 from llama_cpp import llama_cpp as ll
 
 from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
-from llama_dflash import proposer as proposer_mod
+from llama_dflash.proposers import dflash as proposer_mod
 from llama_dflash.writer import write_random_draft
 from spec_common import N_TOKENS, Recorder, check_every_accepted_length, ordinary_reference
 

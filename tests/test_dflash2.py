@@ -20,7 +20,7 @@ from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
 from llama_dflash import _bindings as ext
 from llama_dflash.generate import prefill
 from llama_dflash.inspect import read_gguf, validate_pair
-from llama_dflash.proposer import selector_walk
+from llama_dflash.proposers import selector_walk
 from llama_dflash.train.hf_export import export_hf
 from llama_dflash.train.hf_target import write_target_dir
 from spec_common import N_TOKENS, check_every_accepted_length, ordinary_reference

@@ -229,7 +229,7 @@ def test_missing_confidences_skip_the_filter(tiny_config, dspark_drafts, referen
     import ctypes
 
     from llama_dflash import _bindings as ext
-    from llama_dflash import proposer as proposer_mod
+    from llama_dflash.proposers import dflash as proposer_mod
 
     prompt, ref = reference
     with _engine(tiny_config, dspark_drafts["conf_anchor"], draft_n_max=BLOCK, backend_sampling=False) as eng:

@@ -12,7 +12,7 @@ import pytest
 from conftest import PROMPT_TEXT
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
 from llama_dflash.generate import GenerationState
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 
 N_TOKENS = 48
 

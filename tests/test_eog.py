@@ -4,7 +4,7 @@ and an EOG sampled inside a verified block ends the step (nothing after it is ac
 from __future__ import annotations
 
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 from llama_dflash.sampling import SamplingParams
 
 EOG_PROMPT = "hello world of the"  # the tiny fixture answers one token, then an end-of-generation token

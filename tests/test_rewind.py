@@ -16,7 +16,7 @@ import pytest
 
 from conftest import PROMPT_TEXT
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 from llama_dflash.rewind import CheckpointRewinder, NativeRewinder
 from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
 from llama_dflash.writer import write_random_draft, write_tiny_target

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from ..engine import LlamaDFlashDecoding
-from ..proposer import ScriptedProposer
+from ..proposers import ScriptedProposer
 
 __all__ = ["oracle_script", "oracle_proposals"]
 

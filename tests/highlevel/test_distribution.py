@@ -15,7 +15,7 @@ from collections import Counter
 from llama_dflash import SpecConfig
 from llama_dflash.config import TargetConfig
 from llama_dflash.engine import LlamaDFlashDecoding, OrdinaryDecoding
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 from llama_dflash.sampling import SamplingParams
 
 # chi-square critical values at p = 0.001 for df = 1..7

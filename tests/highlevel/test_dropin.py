@@ -21,7 +21,7 @@ import pytest
 
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, verbose=False)
 PROMPT = "the dog"  # the tiny fixture answers it with a long text (other prompts end at once)

@@ -9,7 +9,7 @@ import pytest
 
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
-from llama_dflash.proposer import ScriptedProposer
+from llama_dflash.proposers import ScriptedProposer
 
 PROMPTS = ["the quick brown fox and the lazy dog is", "a b c d", "hello world of the"]
 KW = dict(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)

@@ -1,9 +1,8 @@
-"""Draft proposers: turn (last token, position) into a block of draft tokens.
+"""The DFlash/DSpark/DFlash2 draft model as a proposer.
 
 `DFlashProposer` runs a DFlash/DSpark/DFlash2 draft GGUF: target-layer features are injected
 into its KV cache after every target decode, and one non-causal decode of `[last, MASK...]`
-yields a whole block.  `ScriptedProposer` wraps a real proposer (so the draft cache goes through the
-same motions) but replaces its tokens, to drive every accepted length in tests.
+yields a whole block.
 
 BLOCK SEMANTICS (issue 12 item 2).  Attention inside the block is non-causal, so every slot's
 proposal depends on how many MASK slots follow it.  llama.cpp's driver always decodes the block at
@@ -33,20 +32,20 @@ import ctypes
 import logging
 import time
 import warnings
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from . import _bindings as ext
-from ._llama import BatchExt, Context, Model
-from .config import SpecConfig
-from .errors import IncompatibleModelError, LlamaCallError
-from .inspect import DraftInfo
-from .stats import SpecStats
-from .target import TargetContext, default_threads, float_view
+from .. import _bindings as ext
+from .._llama import BatchExt, Context, Model
+from ..config import SpecConfig
+from ..errors import IncompatibleModelError, LlamaCallError
+from ..inspect import DraftInfo
+from ..stats import SpecStats
+from ..target import TargetContext, default_threads, float_view
 
-__all__ = ["Proposer", "DFlashProposer", "ScriptedProposer", "selector_walk"]
+__all__ = ["DFlashProposer", "selector_walk"]
 
 CANDIDATES = 10  # top-k read per draft slot, as llama.cpp's driver does
 
@@ -73,22 +72,6 @@ def _report_fallback(reason: str) -> None:
     msg = f"backend draft sampling unavailable, using the CPU path: {reason}"
     log.warning(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-
-class Proposer(Protocol):
-    """What the generation loop needs from a draft."""
-
-    n_max: int
-
-    def inject(self, features: np.ndarray, pos0: int) -> None: ...
-
-    def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False) -> list[int]: ...
-
-    def rollback(self, n_past: int) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class DFlashProposer:
@@ -305,7 +288,14 @@ class DFlashProposer:
         full = self.n_max + (0 if self.anchor_first else 1)
         return max(0, min(full, self.info.block_size, self.target.n_ctx - n_past))
 
-    def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False) -> list[int]:
+    def begin(self, prompt: Sequence[int]) -> None:
+        """Nothing to do: the draft learns the prompt from the features injected during prefill."""
+
+    def accept(self, n_accepted: int) -> None:
+        """Nothing to do: accepted rows reach the draft as injected features."""
+
+    def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
+                history: Sequence[int] = ()) -> list[int]:
         """Draft up to n tokens following id_last (which sits at position n_past).
 
         `shadow`: for a probe that is scored against ordinary decoding, not verified; its tokens
@@ -441,40 +431,3 @@ def selector_walk(lattice: np.ndarray, top_k: int, p_min: float = 0.0) -> list[i
 
 class _RetryOnCpu(Exception):
     """The backend sampler gave no results: redo the block on the CPU path."""
-
-
-class ScriptedProposer:
-    """Runs the inner proposer (keeping its cache work identical) but proposes scripted tokens.
-
-    `script(n_past, n)` returns the tokens to propose for a block at n_past.
-    """
-
-    def __init__(self, inner: DFlashProposer, script: Callable[[int, int], Sequence[int]]):
-        self.inner = inner
-        self.script = script
-        self.n_max = inner.n_max
-
-    def inject(self, features: np.ndarray, pos0: int) -> None:
-        self.inner.inject(features, pos0)
-
-    def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False) -> list[int]:
-        real = self.inner.propose(id_last, n_past, n, shadow=shadow)
-        tokens = [int(t) for t in self.script(n_past, min(n, self.n_max))][: min(n, self.n_max)]
-        if shadow:
-            self.inner.stats.shadow_drafted += len(tokens) - len(real)
-        else:
-            self.inner.stats.drafted += len(tokens) - len(real)
-        return tokens
-
-    def rollback(self, n_past: int) -> None:
-        self.inner.rollback(n_past)
-
-    def clear(self) -> None:
-        self.inner.clear()
-
-    def pos_max(self) -> int:
-        return self.inner.pos_max()
-
-    def close(self) -> None:
-        self.inner.close()
-
