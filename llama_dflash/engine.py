@@ -11,6 +11,9 @@ from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
 from .inspect import DraftInfo, GGUFInfo, check_gguf_file, read_draft, validate_pair, validate_target
 from .proposers import DFlashProposer, Proposer
+from .proposers.auto import AutoProposer
+from .proposers.chain import ChainProposer
+from .proposers.factory import build_auto_lookup, build_proposer, build_token_drafters, draft_type_name
 from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats
@@ -148,12 +151,13 @@ class OrdinaryDecoding(_Decoder):
 
 
 class LlamaDFlashDecoding(_Decoder):
-    """DFlash/DSpark speculative decoding of one sequence (seq_id 0).
+    """Speculative decoding of one sequence (seq_id 0): a DFlash/DSpark draft, token-only
+    drafters (llama.cpp's n-gram types, our lookup), or a chain of both (`SpecConfig.spec_type`).
 
     Both files are validated in Python before llama.cpp sees them (llama.cpp aborts the process
     on several incompatibilities).  The draft context shares the target's embeddings and LM head
     through `ctx_other`; target-layer inputs are captured after every target decode and injected
-    into the draft's KV cache.
+    into the draft's KV cache (on every step, whichever member of a chain drafted).
     """
 
     def __init__(self, target: TargetConfig, spec: SpecConfig, *, model: Optional[Model] = None):
@@ -162,8 +166,17 @@ class LlamaDFlashDecoding(_Decoder):
         self.spec = spec
         self.target_info: GGUFInfo = check_gguf_file(target.model)
         validate_target(self.target_info)
-        self.draft_info: DraftInfo = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)
-        self.algorithm = self.draft_info.algorithm
+        self.draft_info: Optional[DraftInfo] = None
+        if spec.uses_draft_model:
+            self.draft_info = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)
+        self._token_drafters = build_token_drafters(spec)
+        self._auto_type = "auto" in spec.spec_types
+        if not spec.spec_types:
+            raise ValueError("spec_type 'none' drafts nothing: use OrdinaryDecoding")
+        self.algorithm = self._algorithm_name()
+        self._dflash: Optional[DFlashProposer] = None
+        self._chain: Optional[ChainProposer] = None
+        self._auto: Optional[AutoProposer] = None
         self.last_stats = self._new_stats()
         self._model, self._owns_model = _load_target_model(target, model)
         self.target = None  # type: ignore[assignment]
@@ -172,19 +185,59 @@ class LlamaDFlashDecoding(_Decoder):
             # recurrent state snapshots for native rollback are sized when the context is made
             n_rs_seq = self._native_depth(target, spec, is_recurrent_model(self._model))
             self.target = TargetContext(
-                self._model, target, extract_layers=self.draft_info.target_layers,
+                self._model, target, extract_layers=self.draft_info.target_layers if self.draft_info else (),
                 n_rs_seq=n_rs_seq, n_outputs_max_per_seq=0,
             )
-            self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
-            self.proposer = self._dflash
+            if self.draft_info is not None:
+                self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
+            name = self._draft_type_name() if self.draft_info is not None else "draft-dflash"
+            self.proposer = build_proposer(spec, self._dflash, name, drafters=self._token_drafters)
+            if isinstance(self.proposer, AutoProposer):
+                self._auto = self.proposer
+            elif isinstance(self.proposer, ChainProposer):
+                self._chain = self.proposer
+            if self.proposer is not self._dflash:
+                self.proposer.stats = self.last_stats  # type: ignore[attr-defined]
             self.rewinder: Rewinder = make_rewinder(self.target, self.last_stats, spec.rollback)
             self._cut_allowed = self.rewinder.mode == "kv"
             # one controller per engine: repeated generations start with warm cost/acceptance models
             self._auto_controller: Optional[AdaptiveController] = None
-            self.controller: Optional[AdaptiveController] = self._adaptive() if spec.adaptive else None
+            self.controller: Optional[AdaptiveController] = (
+                self._adaptive() if spec.adaptive and self._dflash is not None and self._auto is None else None)
         except BaseException:
             self.close()
             raise
+
+    def _algorithm_name(self) -> str:
+        """The draft's algorithm alone; a chain: its members' names ("ngram-map-k,draft-dflash")."""
+        if self._auto_type:
+            return "auto" + ("," + self._draft_type_name() if self.draft_info is not None else "")
+        if not self._token_drafters:
+            assert self.draft_info is not None
+            return self.draft_info.algorithm
+        names = [d.name for d in self._token_drafters]
+        if self.draft_info is not None:
+            names.append(self._draft_type_name())
+        return ",".join(names)
+
+    def _draft_type_name(self) -> str:
+        assert self.draft_info is not None
+        return draft_type_name(self.draft_info.algorithm)
+
+    @property
+    def speculator_names(self) -> tuple[str, ...]:
+        """The drafters asked at every step, in priority order."""
+        if self._auto is not None:
+            return ("auto",) + self._auto.names
+        return self._chain.names if self._chain is not None else (self._draft_type_name(),)
+
+    def _max_draft_tokens(self) -> int:
+        n = [d.n_max for d in self._token_drafters]
+        if self._auto_type:
+            n.append(build_auto_lookup().n_max)
+        if self.draft_info is not None:
+            n.append(self.draft_info.max_draft_tokens)
+        return max(n)
 
     def _native_depth(self, target: TargetConfig, spec: SpecConfig, recurrent: bool) -> int:
         """n_rs_seq for the target context: the draft's block, when native rollback is wanted and
@@ -192,7 +245,7 @@ class LlamaDFlashDecoding(_Decoder):
         the process unless n_ubatch > n_rs_seq + 1 (llama-batch.cpp), so that is checked here."""
         if not recurrent or spec.rollback == "checkpoint":
             return 0
-        depth = native_depth_needed(self.draft_info.max_draft_tokens)
+        depth = native_depth_needed(self._max_draft_tokens())
         if target.n_ubatch > depth + 1:  # (TargetConfig keeps n_ubatch <= n_batch)
             return depth
         if spec.rollback == "native":
@@ -203,7 +256,7 @@ class LlamaDFlashDecoding(_Decoder):
 
     @property
     def draft_n_max(self) -> int:
-        return self._dflash.n_max
+        return self._dflash.n_max if self._dflash is not None else self.proposer.n_max
 
     def _adaptive(self) -> AdaptiveController:
         if self._auto_controller is None:
@@ -214,6 +267,9 @@ class LlamaDFlashDecoding(_Decoder):
     def set_draft_n_max(self, n: "int | str") -> "int | str":
         """Change the draft length of later generations: an integer (clamped to the block) or
         "auto" (the adaptive controller, with the block as ceiling); returns what is used."""
+        if self._dflash is None or self._auto is not None:
+            raise ValueError("draft_n_max sets the draft model's length; these drafters have none "
+                             f"({', '.join(self.speculator_names)})")
         if n == "auto":
             self._dflash.n_max = self.draft_info.max_draft_tokens
             self.controller = self._adaptive()
@@ -226,9 +282,15 @@ class LlamaDFlashDecoding(_Decoder):
         return "auto" if self.controller is not None else self._dflash.n_max
 
     def _new_stats(self) -> SpecStats:
+        if getattr(self, "_dflash", None) is not None:
+            n_max = self._dflash.n_max
+        elif getattr(self, "proposer", None) is not None:
+            n_max = self.proposer.n_max
+        else:
+            n_max = self._max_draft_tokens()
         return SpecStats(
             algorithm=self.algorithm,
-            draft_n_max=self._dflash.n_max if getattr(self, "_dflash", None) else self.draft_info.max_draft_tokens,
+            draft_n_max=n_max,
             adaptive=getattr(self, "controller", None) is not None,
             backend_sampling_requested=self.spec.backend_sampling is not False,
             backend_sampling_active=bool(getattr(getattr(self, "_dflash", None), "backend_sampling_active", False)),
@@ -270,7 +332,12 @@ class LlamaDFlashDecoding(_Decoder):
         if self.proposer is None:
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
-        self._dflash.stats = stats
+        if self._dflash is not None:
+            self._dflash.stats = stats
+        if self._chain is not None:
+            self._chain.stats = stats
+        if self._auto is not None:
+            self._auto.stats = stats
         if controller is None:
             controller = self.controller
         if isinstance(controller, AdaptiveController):

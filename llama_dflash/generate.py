@@ -196,20 +196,24 @@ def speculative_generate(
     def inject(features: np.ndarray, pos0: int) -> None:
         proposer.inject(features, pos0)
 
+    feeds = getattr(proposer, "needs_features", True)  # token-only drafters read no features
     shadow_probe = getattr(controller, "shadow_probe", None)
     shadow: Optional[ShadowProbe] = None
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
+    history = [int(t) for t in prompt[:-1]]  # the tokens at positions < n_past, for token drafters
     consumed = 0  # tokens handed to the consumer; the caches are rewound to match them
     try:
-        prefill(target, prompt[n_reuse:-1], inject, pos0=n_reuse)
+        prefill(target, prompt[n_reuse:-1], inject if feeds else None, pos0=n_reuse)
         stats.prefill_seconds = time.perf_counter() - t_start
         state.n_past = n_past
+        proposer.begin(history)
         while consumed < max_tokens:
             room = target.n_ctx - 1 - n_past  # positions left after id_last's
             if room < 0:
                 state.finish_reason = "length"
                 return
-            n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1)
+            # (one verification batch: id_last and the drafts must fit n_batch)
+            n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1, target.ctx.n_batch - 1)
             if controller is not None and n_limit > 0:
                 n_draft = max(0, min(n_limit, controller.choose(n_limit)))
                 if n_draft == 0 and shadow_probe is not None:
@@ -217,10 +221,13 @@ def speculative_generate(
                     if n_shadow > 0 and shadow is None:
                         shadow = _start_shadow(proposer, id_last, n_past, n_shadow, stats)
             t0 = time.perf_counter()
-            draft = proposer.propose(id_last, n_past, n_draft) if n_draft > 0 else []
+            draft = proposer.propose(id_last, n_past, n_draft, history=history) if n_draft > 0 else []
             t1 = time.perf_counter()
             rewinder.before_verify(n_past, (id_last, *draft))
-            ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats)
+            ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats, feeds)
+            proposer.accept(len(ids) - 1)
+            history.append(id_last)
+            history.extend(ids[:-1])
             n_past += len(ids)
             state.n_past = n_past
             # only a rejection leaves cells to drop (the draft removes its own block's cells)
@@ -246,6 +253,9 @@ def speculative_generate(
         state.finish_reason = "length"
     finally:
         stats.total_seconds = time.perf_counter() - t_start
+        report = getattr(proposer, "report", None)  # a chain's per-speculator counts
+        if report is not None:
+            report(stats)
         # tokens decoded beyond what the consumer took must not stay in either cache
         keep = len(prompt) - 1 + consumed
         if keep < n_past:
@@ -267,6 +277,7 @@ def _verify_and_accept(
     draft: list[int],
     n_past: int,
     stats: SpecStats,
+    feeds: bool = True,
 ) -> list[int]:
     """Decode [id_last, *draft] with logits on every row; sample rows until one disagrees."""
     t0 = time.perf_counter()
@@ -288,7 +299,8 @@ def _verify_and_accept(
     n_accepted = len(ids) - 1
     stats.record_step(len(draft), n_accepted)
     # only the rows that stay in the target cache feed the draft: id_last and accepted drafts
-    proposer.inject(target.layer_features(n_accepted + 1), n_past)
+    if feeds:
+        proposer.inject(target.layer_features(n_accepted + 1), n_past)
     return ids
 
 

@@ -51,6 +51,7 @@ from .generate import check_token_ids
 from .grammar_limits import check_gbnf
 from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
 from .proposers import DFlashProposer
+from .proposers.factory import build_proposer, draft_type_name
 from .rewind import is_recurrent_model, make_rewinder
 from .speculator import Speculator
 from .stats import SpecStats
@@ -166,7 +167,10 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
             validate_target(target_info)
-            self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model), speculative.algorithm)
+            self._draft_info = None
+            if speculative.uses_draft_model:
+                self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model),
+                                                 speculative.algorithm)
         with _model_params(self._repack):
             super().__init__(model_path, **kwargs)
         self.last_stats = SpecStats(algorithm="ordinary")
@@ -178,7 +182,7 @@ class Llama(llama_cpp.Llama):
         self._generation = 0
         self._prefilling = False
         self._checked_grammar: Any = None
-        if speculative is not None:
+        if speculative is not None and speculative.spec_types:  # (spec_type "none": plain decoding)
             try:
                 self._attach(speculative)
             except BaseException:
@@ -193,11 +197,16 @@ class Llama(llama_cpp.Llama):
         ctx = Context.borrow(model, self._ctx.ctx)
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
-        target = TargetContext(model, config, extract_layers=info.target_layers, ctx=ctx)
-        stats = SpecStats(algorithm=info.algorithm)
+        target = TargetContext(model, config, extract_layers=info.target_layers if info else (), ctx=ctx)
+        stats = SpecStats(algorithm=info.algorithm if info else ",".join(spec.spec_types))
         proposer = None
         try:
-            proposer = DFlashProposer(info, spec, target, stats)
+            if info is not None:
+                proposer = DFlashProposer(info, spec, target, stats)
+            drafting = build_proposer(spec, proposer, draft_type_name(info.algorithm) if info else "draft-dflash")
+            if drafting is not proposer:
+                stats.algorithm = drafting.label  # type: ignore[attr-defined]
+                drafting.stats = stats  # type: ignore[attr-defined]
             # the context is llama-cpp-python's, created without recurrent snapshots (n_rs_seq)
             if spec.rollback == "native" and is_recurrent_model(model):
                 raise ValueError("llama_dflash.Llama rolls recurrent targets back through checkpoints; "
@@ -208,10 +217,12 @@ class Llama(llama_cpp.Llama):
                 proposer.close()
             target.close()
             raise
-        controller = AdaptiveController(info.max_draft_tokens, shadow_probes=True) if spec.adaptive else None
+        controller = None
+        if spec.adaptive and info is not None and drafting is proposer:
+            controller = AdaptiveController(info.max_draft_tokens, shadow_probes=True)
         # input_ids is sized by the n_ctx asked for, which llama.cpp may round up for the cache
-        self._speculator = Speculator(target, proposer, rewinder, controller, stats,
-                                      max_positions=min(ctx.n_ctx, len(self.input_ids)))
+        self._speculator = Speculator(target, drafting, rewinder, controller, stats,
+                                      max_positions=min(ctx.n_ctx, len(self.input_ids)), draft=proposer)
         self.draft_model = self._speculator  # llama_cpp.Llama.generate's hook
         self._recurrent = is_recurrent_model(model)
 
@@ -339,7 +350,7 @@ class Llama(llama_cpp.Llama):
     def _generate(self, tokens: list[int], args: tuple, kwargs: dict) -> Iterator[int]:
         spec = self._speculator
         stats = SpecStats(algorithm=spec.stats.algorithm if spec else "ordinary",
-                          draft_n_max=spec.draft.n_max if spec else 0,
+                          draft_n_max=spec.proposer.n_max if spec else 0,
                           adaptive=bool(spec and spec.controller is not None))
         stats.prompt_tokens = len(tokens)
         self.last_stats = stats
@@ -406,7 +417,7 @@ class Llama(llama_cpp.Llama):
         """The reference's state plus the draft cache (so drafting resumes after `load_state`)."""
         state = super().save_state()
         spec = self._speculator
-        if spec is not None:
+        if spec is not None and spec.draft is not None:
             spec.commit(self.n_tokens)
             spec.rollback(self.n_tokens)
             spec.draft.flush()
@@ -424,7 +435,7 @@ class Llama(llama_cpp.Llama):
             return
         spec.clear()
         draft = getattr(state, "dflash_draft", None)
-        if draft is not None and _set_seq_state(spec.draft.ctx.ptr, draft[0]):
+        if draft is not None and spec.draft is not None and _set_seq_state(spec.draft.ctx.ptr, draft[0]):
             spec.draft_end = int(draft[1])
 
     def __getstate__(self) -> dict[str, Any]:

@@ -45,15 +45,23 @@ class _Block:
 class Speculator:
     """Draft proposals for `llama_cpp.Llama.generate` (its `draft_model` interface).
 
-    Owns the DFlash proposer (its context and model) and the rewinder; borrows the target.
+    Owns the DFlash proposer (its context and model), if any, and the rewinder; borrows the
+    target.  `proposer` is the draft model itself, or a chain / `auto` of token drafters (n-gram,
+    lookup) with the draft model (`draft`) as a member or without one (`draft` None).
     """
 
-    def __init__(self, target: TargetContext, proposer: DFlashProposer, rewinder: Rewinder,
-                 controller: Optional[AdaptiveController], stats: SpecStats, *, max_positions: int = 0):
+    def __init__(self, target: TargetContext, proposer: Proposer, rewinder: Rewinder,
+                 controller: Optional[AdaptiveController], stats: SpecStats, *, max_positions: int = 0,
+                 draft: Optional[DFlashProposer] = None):
         self.target = target
         self.max_positions = max_positions or target.n_ctx
-        self.draft = proposer  # the DFlash/DSpark context (stats, cache state)
-        self.proposer: Proposer = proposer  # what proposes: the draft, or a test's scripted wrapper
+        # the DFlash/DSpark context (stats, cache state); None: token drafters only
+        self.draft: Optional[DFlashProposer] = draft if draft is not None else (
+            proposer if isinstance(proposer, DFlashProposer) else None)
+        self.proposer: Proposer = proposer  # what proposes: the draft, a chain, or a test's scripted wrapper
+        # a drafter without a model reads no features, so drafting needs no injected prefix
+        self._needs_features = bool(getattr(proposer, "needs_features", True))
+        self._begin_pending = True  # the next draft call starts a generation (proposer.begin)
         self.rewinder = rewinder
         self.controller = controller
         self.stats = stats
@@ -72,23 +80,29 @@ class Speculator:
         self._score_shadow(input_ids)
         self.commit(n_past)
         self.rollback(n_past)
+        history = input_ids[:-1]
+        if self._begin_pending:
+            self._begin_pending = False
+            self.proposer.begin(history)
         n = min(self.proposer.n_max, self.max_positions - 1 - n_past, self.target.ctx.n_batch - 1)
-        if self.draft_end != n_past or n <= 0:  # features missing (restored state): no draft
+        if (self._needs_features and self.draft_end != n_past) or n <= 0:
+            # features missing (restored state): no draft
             self._block = _Block(n_past, [], 0.0)
             return np.zeros(0, dtype=np.intc)
         if self.controller is not None:
             n_limit, n = n, max(0, min(n, self.controller.choose(n)))
             if n == 0:
-                self._start_shadow(int(input_ids[-1]), n_past, min(self.controller.shadow_probe(), n_limit))
+                self._start_shadow(int(input_ids[-1]), n_past, min(self.controller.shadow_probe(), n_limit),
+                                   history)
         t0 = time.perf_counter()
-        draft = self.proposer.propose(int(input_ids[-1]), n_past, n) if n > 0 else []
+        draft = self.proposer.propose(int(input_ids[-1]), n_past, n, history=history) if n > 0 else []
         self._block = _Block(n_past, list(draft), time.perf_counter() - t0)
         return np.asarray(draft, dtype=np.intc)
 
-    def _start_shadow(self, id_last: int, n_past: int, n: int) -> None:
+    def _start_shadow(self, id_last: int, n_past: int, n: int, history: Sequence[int] = ()) -> None:
         if n <= 0 or self._shadow is not None:
             return
-        tokens = self.proposer.propose(id_last, n_past, n, shadow=True)
+        tokens = self.proposer.propose(id_last, n_past, n, shadow=True, history=history)
         self.stats.shadow_probes += 1
         if tokens:
             self._shadow = (ShadowProbe(tokens), n_past + 1)
@@ -125,11 +139,20 @@ class Speculator:
     def _finish_block(self, n_committed: int) -> None:
         """Score the last proposal now that the committed length says what was accepted."""
         b, self._block = self._block, None
-        if b is None or not b.verified:
+        if b is None:
+            return
+        if not b.tokens:  # a step without a draft: drafters hear it, as llama.cpp's do
+            self.proposer.accept(0)
+            return
+        if not b.verified:
             return
         k = len(b.tokens)
         accepted = max(0, min(k, n_committed - b.pos0 - 1))
         self.stats.record_step(k, accepted)  # (the proposer counts drafted tokens and draft steps)
+        self.proposer.accept(accepted)
+        report = getattr(self.proposer, "report", None)  # a chain's per-speculator counts
+        if report is not None:
+            report(self.stats)
         if self.controller is not None:
             self.controller.observe(k, accepted, b.draft_seconds, b.verify_seconds)
 
@@ -173,7 +196,11 @@ class Speculator:
         """Count the next generation into `stats` (every part that records anything); a shadow
         probe the last generation left unscored is dropped."""
         self._shadow = None
-        self.stats = self.draft.stats = self.rewinder.stats = stats
+        self._begin_pending = True
+        self.stats = self.rewinder.stats = stats
+        for part in (self.draft, self.proposer):
+            if part is not None and hasattr(part, "stats"):
+                part.stats = stats
         if self.controller is not None:
             self.controller.stats = stats
 
@@ -183,5 +210,6 @@ class Speculator:
 
     def close(self) -> None:
         self.rewinder.close()
-        self.draft.close()
+        if self.draft is not None:
+            self.draft.close()
         self.target.close()  # borrowed context: frees only our batch

@@ -9,9 +9,13 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
-__all__ = ["BudgetCounts", "CppResult", "parse_cpp_output", "run_cpp_reference"]
+__all__ = ["BudgetCounts", "CppResult", "CPP_SPEC_TYPES", "parse_cpp_output", "run_cpp_reference"]
+
+#: the types llama-speculative-simple chains with --spec-type (llama.cpp 0.3.36's names)
+CPP_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+                  "draft-dflash", "draft-dspark")
 
 
 @dataclass
@@ -84,22 +88,39 @@ def cpp_spec_type(draft: str) -> str:
         return "draft-dflash"
 
 
-def run_cpp_reference(binary: str, model: str, draft: str, prompt: str, *, n_predict: int, draft_n_max: int,
-                      draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int, threads: Optional[int],
-                      repack: bool, ignore_eos: bool = False, timeout: float = 1800) -> CppResult:
+def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str, *, n_predict: int,
+                      draft_n_max: int, draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int,
+                      threads: Optional[int], repack: bool, ignore_eos: bool = False,
+                      spec_types: Optional[Sequence[str]] = None, extra_args: Sequence[str] = (),
+                      timeout: float = 1800) -> CppResult:
     """Run the C++ driver greedily on the same prompt text (passed raw: it tokenizes it itself, so
     pass the chat-formatted text), n_predict, draft settings, threads and ignore-eos.
 
+    `spec_types`: llama.cpp's speculative types to chain (default: the draft's own type); a draft
+    type among them needs `draft`.  `extra_args`: more flags, e.g. `ngram.cpp_ngram_args(...)`.
     It runs twice: once with its debug log for the per-step counts (`CppResult.steps`), once
     without it for the timing (the log costs the driver ~6% of its speed)."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--cpp-reference {binary}: not an executable file")
-    cmd = [binary, "-m", model, "-md", draft, "--spec-type", cpp_spec_type(draft), "-p", prompt,
-           "-n", str(n_predict), "--spec-draft-n-max", str(draft_n_max), "--spec-draft-n-min", "0",
-           "--spec-draft-p-min", str(draft_p_min), "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
-           "--temp", "0", "--top-k", "1", "--repeat-penalty", "1", "-ngl", "99", "-ngld", "99"]
+    types = list(spec_types) if spec_types else [cpp_spec_type(draft) if draft else ""]
+    bad = [t for t in types if t not in CPP_SPEC_TYPES]
+    if bad:
+        raise ValueError(f"llama-speculative-simple has no speculative type {bad[0]!r} "
+                         f"(it has {', '.join(CPP_SPEC_TYPES)})")
+    uses_draft = any(t.startswith("draft-") for t in types)
+    if uses_draft and not draft:
+        raise ValueError(f"--spec-type {','.join(types)} needs a draft model")
+    cmd = [binary, "-m", model]
+    if uses_draft:
+        cmd += ["-md", draft]
+    cmd += ["--spec-type", ",".join(types), "-p", prompt,
+            "-n", str(n_predict), "--spec-draft-n-max", str(draft_n_max), "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", str(draft_p_min), "-c", str(n_ctx), "-b", str(n_batch), "-ub", str(n_ubatch),
+            "--temp", "0", "--top-k", "1", "--repeat-penalty", "1", "-ngl", "99", *extra_args]
+    if uses_draft:
+        cmd += ["-ngld", "99"]
     if threads:
-        cmd += ["-t", str(threads), "-td", str(threads)]
+        cmd += ["-t", str(threads)] + (["-td", str(threads)] if uses_draft else [])
     if ignore_eos:
         cmd.append("--ignore-eos")
     if not repack:

@@ -1,0 +1,62 @@
+"""From a `SpecConfig` to what drafts: its token drafters (n-gram types, our lookup) in chain order,
+the chain or `auto` around them and the draft model."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .auto import AutoProposer
+from .base import Proposer, TokenDrafter
+from .chain import ChainProposer, ModelMember
+from .lookup import SuffixLookup
+from .ngram import NGRAM_TYPES, make_ngram_drafter
+
+MAP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")  # the types ngram_size_n/_m/min_hits set
+
+__all__ = ["build_token_drafters", "build_auto_lookup", "build_proposer", "draft_type_name", "LOOKUP_N_MAX"]
+
+LOOKUP_N_MAX = 16  # the lookup's longest draft when draft_n_max is "auto", and under `auto`
+
+
+def build_auto_lookup() -> SuffixLookup:
+    """The lookup `auto` chooses from: it picks the length per step, so n_max is only a ceiling."""
+    return SuffixLookup(n_max=LOOKUP_N_MAX, session=True)
+
+
+def build_token_drafters(spec) -> list[TokenDrafter]:
+    """One drafter per token-only type of `spec.spec_types` (already in llama.cpp's priority);
+    `auto` is not one (see `build_auto_lookup`)."""
+    drafters: list[TokenDrafter] = []
+    for name in spec.token_types:
+        if name == "auto":
+            continue
+        if name == "lookup":
+            n_max = spec.draft_n_max if isinstance(spec.draft_n_max, int) else LOOKUP_N_MAX
+            drafters.append(SuffixLookup(n_max=n_max, session=True))
+        elif name in MAP_TYPES:
+            drafters.append(make_ngram_drafter(name, size_n=spec.ngram_size_n, size_m=spec.ngram_size_m,
+                                               min_hits=spec.ngram_min_hits))
+        elif name in NGRAM_TYPES:  # ngram-mod, ngram-cache: llama.cpp's own sizes
+            drafters.append(make_ngram_drafter(name))
+        else:
+            raise ValueError(f"spec_type {name!r} has no token drafter")
+    return drafters
+
+
+def draft_type_name(algorithm: str) -> str:
+    """The speculative-type name of a draft model of this algorithm ("draft-dflash", "draft-dspark")."""
+    return "draft-dspark" if algorithm == "dspark" else "draft-dflash"
+
+
+def build_proposer(spec, model: Optional[Proposer], model_name: str = "draft-dflash", *,
+                   drafters: Optional[Sequence[TokenDrafter]] = None) -> Proposer:
+    """What drafts for `spec`: `auto` over the lookup and `model`, a chain of the token drafters
+    (and `model` last), or `model` alone.  `model` stays owned by the caller."""
+    if "auto" in spec.spec_types:
+        return AutoProposer(build_auto_lookup(), model, model_name=model_name)
+    drafters = list(drafters) if drafters is not None else build_token_drafters(spec)
+    if drafters:
+        return ChainProposer(drafters, ModelMember(model, model_name) if model is not None else None)
+    if model is None:
+        raise ValueError(f"spec_type {','.join(spec.spec_types) or 'none'} selects no drafter")
+    return model
