@@ -40,8 +40,8 @@ class Recorder(ScriptedProposer):
         super().__init__(inner, lambda n_past, n: [])
         self.blocks: list[list[int]] = []
 
-    def propose(self, id_last, n_past, n, *, shadow=False):
-        toks = self.inner.propose(id_last, n_past, n, shadow=shadow)
+    def propose(self, id_last, n_past, n, *, shadow=False, history=()):
+        toks = self.inner.propose(id_last, n_past, n, shadow=shadow, history=history)
         self.blocks.append(list(toks))
         return toks
 
