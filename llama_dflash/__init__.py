@@ -1,6 +1,6 @@
 """DFlash and DSpark speculative decoding for GGUF models on llama-cpp-python."""
 
-from .config import SpecConfig, TargetConfig
+from .config import SpecConfig, SpeculativeType, TargetConfig
 from .engine import GenerationResult, LlamaDFlashDecoding, OrdinaryDecoding
 from .errors import DFlashError, GGUFFileError, IncompatibleModelError, UnsupportedTargetError
 from .sampling import SamplingParams
@@ -21,6 +21,7 @@ def __getattr__(name: str):
 __all__ = [
     "Llama",
     "SpecConfig",
+    "SpeculativeType",
     "TargetConfig",
     "LlamaDFlashDecoding",
     "OrdinaryDecoding",

@@ -132,6 +132,7 @@ class Model(_Handle):
         ensure_backend()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        self.n_gpu_layers = int(n_gpu_layers)  # as asked (-1: all); a draft "auto" follows it
         # llama.cpp's AMX weight repacking crashes batched decodes of Q4_1 models (seen with
         # SmolLM2 on Xeon CPUs with AMX), so the default turns it off where AMX is present
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
@@ -142,12 +143,13 @@ class Model(_Handle):
         self._adopt(ptr, path)
 
     @classmethod
-    def borrow(cls, ptr: int, path: str, repack: bool) -> "Model":
+    def borrow(cls, ptr: int, path: str, repack: bool, n_gpu_layers: int = -1) -> "Model":
         """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's)."""
         self = cls.__new__(cls)
         _Handle.__init__(self)
         self._owned = False
         self.repack = bool(repack)
+        self.n_gpu_layers = int(n_gpu_layers)
         self._adopt(ptr, path)
         return self
 

@@ -20,6 +20,7 @@ __all__ = ["main", "SUBCOMMANDS", "UsageError"]
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("llama_dflash.bench.cli", "compare ordinary and speculative decoding on a model pair"),
+    "generate": ("llama_dflash.generate_cli", "generate text from a prompt with speculative decoding"),
     "train": ("llama_dflash.train.cli", "train a DFlash/DSpark draft for a GGUF target"),
     "export": ("llama_dflash.train.export_cli", "rewrite a draft GGUF: reduced vocabulary, quantized weights"),
     "serve": ("llama_dflash.server.cli", "OpenAI-compatible server with speculative decoding"),

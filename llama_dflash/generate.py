@@ -140,11 +140,12 @@ def ordinary_generate(
                 return
             t0 = time.perf_counter()
             target.decode((id_last,), n_past, logits="last")
+            t_sync = time.perf_counter()
             target.logits_row(0)  # synchronises with the device: the decode's time ends here
             t1 = time.perf_counter()
             tok = sampler.sample(target.ctx.ptr, 0)
             stats.sample_seconds += time.perf_counter() - t1
-            stats.target_seconds += t1 - t0
+            _count_target(stats, t0, t_sync, t1)
             stats.verification_steps += 1
             n_past += 1
             state.n_past = n_past
@@ -269,6 +270,14 @@ def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: 
     return ShadowProbe(tokens) if tokens else None
 
 
+def _count_target(stats: SpecStats, t0: float, t_sync: float, t1: float) -> None:
+    """A target step's time: llama_decode from t0 (on a GPU it returns before the work is done),
+    then waiting for its first logits until t1."""
+    stats.target_decode_seconds += t_sync - t0
+    stats.target_sync_seconds += t1 - t_sync
+    stats.target_seconds += t1 - t0
+
+
 def _verify_and_accept(
     target: TargetContext,
     proposer: Proposer,
@@ -282,9 +291,10 @@ def _verify_and_accept(
     """Decode [id_last, *draft] with logits on every row; sample rows until one disagrees."""
     t0 = time.perf_counter()
     target.decode((id_last, *draft), n_past, logits="all")
+    t_sync = time.perf_counter()
     target.logits_row(0)  # the first read synchronises with the device
     t1 = time.perf_counter()
-    stats.target_seconds += t1 - t0
+    _count_target(stats, t0, t_sync, t1)
     ids: list[int] = []
     ctx = target.ctx.ptr
     for i in range(len(draft) + 1):

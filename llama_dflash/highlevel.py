@@ -61,7 +61,8 @@ __all__ = ["Llama", "stats_summary"]
 
 _SUMMARY_KEYS = (
     "algorithm", "draft_n_max", "drafted", "verified", "accepted", "verification_steps", "rollbacks",
-    "generated_tokens", "prompt_tokens", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
+    "generated_tokens", "prompt_tokens", "acceptance_rate", "accepted_per_step", "mean_accepted_length", "tau",
+    "tokens_per_second",
     "prefill_seconds", "total_seconds",
 )
 # arguments of llama_cpp.Llama that cannot work with a draft attached (they can without one)
@@ -193,7 +194,8 @@ class Llama(llama_cpp.Llama):
     def _attach(self, spec: SpecConfig) -> None:
         info = self._draft_info
         set_verbose(self.verbose)  # llama.cpp's log goes through our callback from here on
-        model = Model.borrow(self._model.model, self.model_path, self._repack)
+        model = Model.borrow(self._model.model, self.model_path, self._repack,
+                             n_gpu_layers=int(self.model_params.n_gpu_layers))
         ctx = Context.borrow(model, self._ctx.ctx)
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
@@ -244,11 +246,21 @@ class Llama(llama_cpp.Llama):
         if not self._prefilling:
             return self._eval(tokens)
         # the first eval of a generation is its prompt: what was reused, what it cost
-        self._prefilling = False
         self.last_stats.reused_prompt_tokens = self.n_tokens
         t0 = time.perf_counter()
-        self._eval(tokens)
+        try:
+            self._eval(tokens)
+        finally:
+            self._prefilling = False
         self.last_stats.prefill_seconds = time.perf_counter() - t0
+
+    @property
+    def last_speculative_stats(self) -> dict[str, Any]:
+        """The last generation's statistics under llama-cpp-python's preview names (drafted,
+        verified, accepted, mean_accepted_length = tau, acceptance_rate_per_position, draft /
+        target decode / target sync / process seconds, rollback and checkpoint counters,
+        time_to_first_token_seconds, sustained and generation tokens/s); `last_stats` has all."""
+        return self.last_stats.preview_stats()
 
     def _eval(self, tokens: Sequence[int]) -> None:
         spec = self._speculator
@@ -281,12 +293,19 @@ class Llama(llama_cpp.Llama):
         pos0 = self.n_tokens
         n = len(chunk)
         want = "all" if (self._logits_all or verify) else ("last" if last else "none")
+        t0 = time.perf_counter()
         target.decode(chunk, pos0, logits=want)
+        t1 = time.perf_counter()
         self.input_ids[pos0 : pos0 + n] = chunk
         self.n_tokens = self._eval_end = self._cache_end = pos0 + n
         self._outputs_from = {"all": pos0, "last": pos0 + n - 1}.get(want, pos0 + n)
         if self._logits_all:
-            self.scores[pos0 : pos0 + n, :] = target.logits_rows(n)
+            self.scores[pos0 : pos0 + n, :] = target.logits_rows(n)  # (waits for the device)
+        if not self._prefilling:  # the decode loop's target time (the prompt's is prefill_seconds)
+            stats, t2 = self.last_stats, time.perf_counter()
+            stats.target_decode_seconds += t1 - t0
+            stats.target_sync_seconds += t2 - t1
+            stats.target_seconds += t2 - t0
         spec.on_decoded(target.layer_features(), pos0, n_sure)
 
     def _sync_cache(self, n_keep: int) -> None:

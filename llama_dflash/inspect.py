@@ -493,8 +493,14 @@ def validate_pair(target: GGUFInfo, draft: GGUFInfo, algorithm: str = "auto") ->
     """Check that `draft` can drive `target`; returns what the engine needs to know about the draft."""
     validate_target(target)
     _check_draft_keys(draft)
-    if algorithm not in ("auto", "dflash", "dspark"):
-        raise ValueError(f"algorithm must be 'auto', 'dflash' or 'dspark', not {algorithm!r}")
+    if algorithm not in ("auto", "dflash", "dspark", "dflash2"):
+        raise ValueError(f"algorithm must be 'auto', 'dflash', 'dspark' or 'dflash2', not {algorithm!r}")
+    if algorithm == "dflash2":  # a DFlash draft with a selector lattice: checked here, then as DFlash
+        if "selector_hidden.weight" not in draft.tensor_names:
+            raise IncompatibleModelError(draft.path, "algorithm", algorithm,
+                                         "'dflash' or 'auto' (the draft has no DFlash2 selector, "
+                                         "selector_hidden.weight)")
+        algorithm = "dflash"
 
     limit = target_layer_limit(target)
     layers = get_int_list(draft, "dflash.target_layers", lo=0, hi=_U32_MAX)

@@ -5,7 +5,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SpecStats"]
+__all__ = ["SpecStats", "merge_speculator_counts"]
+
+
+def merge_speculator_counts(into: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> None:
+    """Add per-speculator raw counts (numbers summed, per-position lists summed slot by slot)."""
+    for name, counts in other.items():
+        mine = into.setdefault(name, {})
+        for key, value in counts.items():
+            if isinstance(value, list):
+                acc = mine.setdefault(key, [])
+                acc.extend([0] * (len(value) - len(acc)))
+                for i, v in enumerate(value):
+                    acc[i] += v
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                mine[key] = mine.get(key, 0) + value
 
 
 @dataclass
@@ -41,6 +55,8 @@ class SpecStats:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # prompt positions found in the caches (prefix reuse), not decoded
     target_seconds: float = 0.0  # target decode + sync (logits read)
+    target_decode_seconds: float = 0.0  # the llama_decode calls of target_seconds
+    target_sync_seconds: float = 0.0  # waiting for their results (the first logits read) of target_seconds
     draft_seconds: float = 0.0  # draft block decode + candidate read
     process_seconds: float = 0.0  # target features gathered and injected into the draft
     sample_seconds: float = 0.0
@@ -60,6 +76,8 @@ class SpecStats:
     shadow_drafted: int = 0
     shadow_accepted: int = 0
     cost_curve: dict[str, float] = field(default_factory=dict)  # k -> measured seconds per step
+    # a chain's or auto's counts by speculator name (see proposers.chain.SpeculatorCounts.raw)
+    speculators: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -67,20 +85,45 @@ class SpecStats:
         return self.accepted / self.verified if self.verified else 0.0
 
     @property
-    def mean_accepted_length(self) -> float:
-        """Draft tokens accepted per verification step (the bonus token not counted)."""
-        return self.accepted / self.verification_steps if self.verification_steps else 0.0
-
-    @property
     def accepted_per_step(self) -> float:
-        """Draft tokens accepted per verification step (same as `mean_accepted_length`)."""
-        return self.mean_accepted_length
+        """Draft tokens accepted per verification step (the target's own token not counted)."""
+        return self.accepted / self.verification_steps if self.verification_steps else 0.0
 
     @property
     def tokens_per_step(self) -> float:
         """tau as the DFlash/DSpark papers report it: tokens per verification step, i.e. the
         accepted drafts plus the target's own token (1.0 means no draft token was ever accepted)."""
-        return 1.0 + self.mean_accepted_length if self.verification_steps else 0.0
+        return 1.0 + self.accepted_per_step if self.verification_steps else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verification step (`tokens_per_step`)."""
+        return self.tokens_per_step
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau, under the name llama-cpp-python's speculative preview gives it: the target's own
+        token plus the mean accepted draft prefix.  (Until 0.4 this name meant the draft tokens
+        alone, now `accepted_per_step`: one name must not mean two things across the APIs.)"""
+        return self.tokens_per_step
+
+    @property
+    def decode_seconds(self) -> float:
+        """The decode loop's wall time: from the end of the prompt to the last token."""
+        return max(0.0, self.total_seconds - self.prefill_seconds)
+
+    @property
+    def generation_tokens_per_second(self) -> float:
+        """Generated tokens over the decode loop's time (prompt processing left out)."""
+        t = self.decode_seconds
+        return self.generated_tokens / t if t > 0 else 0.0
+
+    @property
+    def sustained_tokens_per_second(self) -> float:
+        """The rate after the first token: (generated - 1) over the time from the first token to
+        the last, what a reader of a long streamed answer sees (0 with fewer than 2 tokens)."""
+        t = self.total_seconds - self.first_token_seconds
+        return (self.generated_tokens - 1) / t if self.generated_tokens > 1 and t > 0 else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -141,6 +184,7 @@ class SpecStats:
             "replayed_tokens", "checkpoint_capture_seconds", "checkpoint_restore_seconds", "replay_seconds",
             "generated_tokens", "prompt_tokens", "reused_prompt_tokens", "target_seconds", "draft_seconds",
             "process_seconds", "sample_seconds", "prefill_seconds", "total_seconds", "first_token_seconds",
+            "target_decode_seconds", "target_sync_seconds", "shadow_probes", "shadow_drafted", "shadow_accepted",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in (
@@ -162,12 +206,44 @@ class SpecStats:
         self.checkpoint_on_device |= other.checkpoint_on_device
         self.backend_sampling_requested |= other.backend_sampling_requested
         self.backend_sampling_active |= other.backend_sampling_active
+        merge_speculator_counts(self.speculators, other.speculators)
+
+    def preview_stats(self) -> dict[str, Any]:
+        """These statistics under the keys of llama-cpp-python's speculative preview
+        (`Llama.last_speculative_stats` there), with their meanings there."""
+        return {
+            "drafted": self.drafted,
+            "verified": self.verified,
+            "accepted": self.accepted,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_rate_per_position": self.acceptance_per_position,
+            "verification_steps": self.verification_steps,
+            "draft_seconds": self.draft_seconds,
+            "target_decode_seconds": self.target_decode_seconds,
+            "target_sync_seconds": self.target_sync_seconds,
+            "process_seconds": self.process_seconds,
+            "rollbacks": self.rollbacks,
+            "native_rollbacks": self.native_rollbacks,
+            "checkpoint_captures": self.checkpoint_captures,
+            "checkpoint_restores": self.checkpoint_restores,
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "replayed_tokens": self.replayed_tokens,
+            "time_to_first_token_seconds": self.first_token_seconds,
+            "sustained_tokens_per_second": self.sustained_tokens_per_second,
+            "generation_tokens_per_second": self.generation_tokens_per_second,
+            "generated_tokens": self.generated_tokens,
+            "prompt_tokens": self.prompt_tokens,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,
+            tau=self.tau,
+            generation_tokens_per_second=self.generation_tokens_per_second,
+            sustained_tokens_per_second=self.sustained_tokens_per_second,
             accepted_per_step=self.accepted_per_step,
             tokens_per_step=self.tokens_per_step,
             tokens_per_second=self.tokens_per_second,

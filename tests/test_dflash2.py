@@ -212,3 +212,39 @@ def test_walk_reads_from_slot_one_and_stops_at_the_block():
     assert selector_walk(lat, k) == [11, 21]
     assert selector_walk(lat, k, p_min=0.8) == []  # slot 1: softmax(0, 1) at 1 is 0.73
     assert selector_walk(lat, k, p_min=0.7) == [11, 21]
+
+
+def test_algorithm_dflash2_names_the_file_kind(dflash2_draft, tiny_draft, tiny_target, tiny_config, reference):
+    """algorithm="dflash2" (the preview example's --algorithm dflash2) runs a DFlash2 draft, and
+    refuses a plain DFlash one before llama.cpp sees it."""
+    from llama_dflash.errors import IncompatibleModelError
+
+    info = validate_pair(read_gguf(tiny_target), read_gguf(dflash2_draft), "dflash2")
+    assert info.is_dflash2
+    with pytest.raises(IncompatibleModelError, match="selector"):
+        validate_pair(read_gguf(tiny_target), read_gguf(tiny_draft), "dflash2")
+    prompt, ref = reference
+    with _engine(tiny_config, dflash2_draft, algorithm="dflash2", draft_n_max=3) as eng:
+        assert eng.generate(prompt, len(ref), ignore_eos=True).tokens == ref
+
+
+def test_example_takes_algorithm_dflash2(dflash2_draft, tiny_draft, tiny_target):
+    import json
+    import subprocess
+    import sys
+
+    def run(draft, out):
+        return subprocess.run(
+            [sys.executable, "-m", "examples.high_level_api.high_level_api_dflash_dspark_speculative",
+             "--algorithm", "dflash2", "--model", tiny_target, "--draft-model", draft, "--draft-tokens", "3",
+             "--max-tokens", "8", "--runs", "1", "--warmup-tokens", "0", "--raw-prompt", "--prompt", "a b c",
+             "--n-ctx", "256", "--n-batch", "64", "--n-ubatch", "64", "--no-cost-probe", "--json", out],
+            capture_output=True, text=True, timeout=300, cwd=__file__.rsplit("/tests/", 1)[0])
+
+    out = str(dflash2_draft) + ".json"
+    ok = run(dflash2_draft, out)
+    assert ok.returncode == 0, ok.stderr
+    spec = json.load(open(out))["speculative"]["stats"]
+    assert spec["generated_tokens"] == 8 and spec["verification_steps"] > 0
+    bad = run(tiny_draft, out)
+    assert bad.returncode == 2 and "selector" in bad.stderr and "Traceback" not in bad.stderr

@@ -7,26 +7,38 @@ import os
 from typing import Any, Optional
 
 from .costmodel import PHASES, CostModel, speedup_line
-from .runner import BenchResult, ModeResult
+from .runner import BenchResult, ModeResult, speculator_summary
 
-__all__ = ["format_header", "format_result", "format_phases", "format_cost_model", "format_tau", "speedup_line"]
+__all__ = ["format_header", "format_result", "format_phases", "format_cost_model", "format_tau", "speedup_line",
+           "format_speculators", "speculator_rows"]
 
 
 def format_header(res: BenchResult) -> str:
     c = res.config
+    typed = c.spec.spec_type is not None
+    draft = os.path.basename(c.spec.draft_model) if c.spec.draft_model else "none (token drafters only)"
+    longest = "" if res.has_draft_model or not typed else " (the drafters' longest draft)"
     lines = [
         f"Target model   : {os.path.basename(c.target.model)}",
-        f"Draft model    : {os.path.basename(c.spec.draft_model)}",
+        f"Draft model    : {draft}",
         f"Algorithm      : {res.algorithm}",
+        *([f"Spec types     : {','.join(res.speculator_names or c.spec.spec_types)}"] if typed else []),
+        *([f"N-gram sizes   : " + ", ".join(f"{k}={getattr(c.spec, k)}" for k in
+                                            ("ngram_size_n", "ngram_size_m", "ngram_min_hits")
+                                            if getattr(c.spec, k) is not None)]
+          if typed and any(getattr(c.spec, k) is not None for k in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"))
+          else []),
         f"Prompt         : {c.prompt!r}",
         f"Measured runs  : {c.runs} x {c.max_tokens} tokens per mode",
         f"Warmup         : {c.warmup_tokens} tokens per mode",
-        f"Draft settings : max={'auto (adaptive, up to ' + str(res.draft_n_max) + ')' if c.spec.adaptive else res.draft_n_max}"
+        f"Draft settings : max={'auto (adaptive, up to ' + str(res.draft_n_max) + ')' if res.is_adaptive else res.draft_n_max}"
+        f"{longest}"
         f", min={c.spec.draft_n_min}, p_min={c.spec.draft_p_min:g}",
         f"Backend sample : {'enabled' if c.spec.backend_sampling else 'disabled'}",
         f"Ignore EOG     : {c.ignore_eos}",
         f"Backend        : {res.backend.summary() if res.backend is not None else 'unknown'}",
         "Limitations    : text-only, seq_id=0",
+        *(f"Note           : {n}" for n in res.notes),
     ]
     return "\n".join(lines)
 
@@ -72,6 +84,8 @@ def format_result(res: BenchResult) -> str:
                 f"  checkpoint restores : {s.checkpoint_restores} ({1000 * s.checkpoint_restore_seconds:.1f} ms) "
                 f"+ replay of {s.replayed_tokens} tokens ({1000 * s.replay_seconds:.1f} ms)",
             ]
+        if res.speculative.speculators:
+            lines += format_speculators(res.speculative.speculators)
         if s.adaptive:
             hist = ", ".join(f"{k}:{v}" for k, v in sorted(s.chosen_draft_tokens.items(), key=lambda kv: int(kv[0])))
             curve = ", ".join(f"{k}:{1000 * v:.1f}" for k, v in sorted(s.cost_curve.items(), key=lambda kv: int(kv[0])))
@@ -98,6 +112,29 @@ def format_result(res: BenchResult) -> str:
     lines += ["", *format_phases(res.phase_table())]
     lines += ["", *format_cost_model(res.cost_model(), *res.decode_speedups())]
     return "\n".join(lines)
+
+
+def speculator_rows(speculators: dict[str, dict]) -> list[dict[str, Any]]:
+    """Per-speculator counts with their rates (`runner.speculator_summary`), each with its name."""
+    return [{"name": name, **row} for name, row in speculator_summary(speculators).items()]
+
+
+def format_speculators(speculators: dict[str, dict], title: Optional[str] = None) -> list[str]:
+    """One row per speculator: drafts (steps it drafted), tokens drafted and accepted, acceptance
+    rate, tokens per step (1 + accepted / drafts) and per-position acceptance (per draft)."""
+    out = [f"  per speculator{f' ({title})' if title else ''}:",
+           f"    {'name':<14}{'calls':>7}{'drafts':>8}{'drafted':>9}{'accepted':>9}{'accept':>8}{'tau':>6}"
+           "  per position"]
+    for r in speculator_rows(speculators):
+        if r["name"] == "none":
+            out.append(f"    {'none':<14}{'-':>7}{r['drafts']:>8}{'-':>9}{'-':>9}{'-':>8}{'-':>6}"
+                       "  (auto: steps without a draft)")
+            continue
+        per = ", ".join(f"{p:.2f}" for p in r["acceptance_per_position"]) or "-"
+        tau = f"{r['tokens_per_step']:.2f}" if r["drafts"] else "-"
+        out.append(f"    {r['name']:<14}{r['draft_calls']:>7}{r['drafts']:>8}{r['drafted']:>9}{r['accepted']:>9}"
+                   f"{100 * r['acceptance_rate']:>7.1f}%{tau:>6}  {per}")
+    return out
 
 
 def format_tau(tokens_per_step: float, accepted_per_step: float) -> list[str]:

@@ -62,7 +62,7 @@ def system_facts() -> dict[str, str]:
 #: Fields beyond the template, written after it in every section.
 EXTRA_FIELDS = [
     "Tokens per verification step (tau)", "Accepted drafts per verification step", "Predicted speedup",
-    "Cost model", "Oracle ceiling", "Per-step cost by phase",
+    "Cost model", "Oracle ceiling", "Per-step cost by phase", "Per-speculator counts",
 ]
 
 
@@ -93,7 +93,7 @@ def _fmt_s(x: float) -> str:
 def feedback_fields(
     *,
     model: str,
-    draft_model: str,
+    draft_model: Optional[str],
     algorithm: str,
     n_ctx: int,
     n_batch: int,
@@ -114,12 +114,13 @@ def feedback_fields(
 ) -> dict[str, str]:
     """Every template field, as text, then `extras` (see `model_fields`)."""
     t = read_gguf(model)
-    d = read_gguf(draft_model)
+    d = read_gguf(draft_model) if draft_model else None
     f = system_facts()
     f.update({
         "Target model": os.path.basename(model),
         "Target quantization": t.file_type or UNKNOWN,
-        "Draft model": f"{os.path.basename(draft_model)} ({d.file_type})",
+        "Draft model": f"{os.path.basename(draft_model)} ({d.file_type})" if d is not None
+                       else f"none (token drafters: {algorithm})",
         "Algorithm": {"dflash": "DFlash", "dspark": "DSpark"}.get(algorithm, algorithm),
         "n_ctx": str(n_ctx),
         "n_batch": str(n_batch),

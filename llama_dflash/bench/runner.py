@@ -15,14 +15,18 @@ from .._llama import Model, recent_log_messages
 from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..sampling import SamplingParams
-from ..stats import SpecStats
+from ..stats import SpecStats, merge_speculator_counts
 from .backend import BackendInfo, backend_info
 from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
 from .oracle import oracle_proposals
 from .probe import probe_step_costs
 
 __all__ = ["BenchConfig", "RunResult", "ModeResult", "BenchResult", "run_benchmark", "first_divergence", "timed_run",
-           "run_oracle", "oracle_length"]
+           "run_oracle", "oracle_length", "merge_speculators", "speculator_summary", "draft_length_settable",
+           "oracle_supported", "NO_DRAFT_MODEL_NOTE"]
+
+#: why the cost probe and the oracle are skipped for token-only drafters
+NO_DRAFT_MODEL_NOTE = "no draft model ({types}): {what} skipped (it times or replays the draft model's block)"
 
 
 @dataclass
@@ -70,6 +74,16 @@ class ModeResult:
     load_seconds: float = 0.0
     runs: list[RunResult] = field(default_factory=list)
     stats: Optional[SpecStats] = None  # summed over measured runs
+    # per-speculator raw counts summed over measured runs (chains, token drafters, auto): name ->
+    # {"draft_calls", "drafts", "drafted", "accepted_drafts", "accepted", "accepted_per_position",
+    # "draft_seconds"}; auto's "none": {"drafts": steps without a draft}.  Empty for a draft model alone
+    speculators: dict[str, dict] = field(default_factory=dict)
+
+    def add_run_stats(self, stats: SpecStats) -> None:
+        """One measured run's statistics into the totals (`stats` and `speculators`)."""
+        if self.stats is not None:
+            self.stats.merge(stats)
+        merge_speculators(self.speculators, stats)
 
     @property
     def aggregate_tokens_per_second(self) -> float:
@@ -101,7 +115,48 @@ class ModeResult:
         }
         if self.stats is not None:
             d["stats"] = self.stats.to_dict()
+        if self.speculators:
+            d["speculators"] = speculator_summary(self.speculators)
         return d
+
+
+def merge_speculators(into: dict[str, dict], stats: Any) -> None:
+    """Add one generation's `stats.speculators` (raw counts by name) to `into`."""
+    merge_speculator_counts(into, getattr(stats, "speculators", None) or {})
+
+
+def speculator_summary(raw: dict[str, dict]) -> dict[str, dict]:
+    """Raw per-speculator counts with their rates: acceptance_rate (accepted / drafted),
+    tokens_per_step (1 + accepted / drafts: tau over the steps it drafted; 0 without a draft) and
+    acceptance_per_position (its drafts whose slot i was accepted, per draft)."""
+    out: dict[str, dict] = {}
+    for name, c in raw.items():
+        if name == "none":  # auto's steps without a draft
+            out[name] = {"drafts": int(c.get("drafts", 0))}
+            continue
+        drafts, drafted, accepted = c.get("drafts", 0), c.get("drafted", 0), c.get("accepted", 0)
+        per = list(c.get("accepted_per_position", []))
+        out[name] = {
+            "draft_calls": c.get("draft_calls", 0), "drafts": drafts, "drafted": drafted,
+            "accepted_drafts": c.get("accepted_drafts", 0), "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "tokens_per_step": 1.0 + accepted / drafts if drafts else 0.0,
+            "accepted_per_position": per,
+            "acceptance_per_position": [a / drafts for a in per] if drafts else [],
+            "draft_seconds": c.get("draft_seconds", 0.0),
+        }
+    return out
+
+
+def draft_length_settable(dec: LlamaDFlashDecoding) -> bool:
+    """Whether `dec.set_draft_n_max` can change the draft length (a draft model, not under `auto`,
+    which picks every step's draft itself)."""
+    return dec.draft_info is not None and "auto" not in dec.spec.spec_types
+
+
+def oracle_supported(dec: LlamaDFlashDecoding) -> bool:
+    """The oracle replays tokens through the draft model's block at a fixed length."""
+    return draft_length_settable(dec)
 
 
 @dataclass
@@ -117,11 +172,20 @@ class BenchResult:
     oracle_draft_tokens: Optional[int] = None
     step_costs: Optional[StepCosts] = None
     backend: Optional[BackendInfo] = None
+    # whether the engine chose the draft length adaptively (None: as the configuration says)
+    adaptive: Optional[bool] = None
+    speculator_names: tuple[str, ...] = ()  # the engine's drafters, in priority order
+    has_draft_model: bool = True
+    notes: list[str] = field(default_factory=list)  # what was skipped or changed, and why
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.config.spec.adaptive if self.adaptive is None else self.adaptive
 
     def decode_speedups(self) -> tuple[dict[Any, float], dict[Any, float]]:
         """Decode-loop speedups (prefill excluded) of the measured setting and of the oracle."""
         base = self.ordinary.decode_tokens_per_second
-        k = "auto" if self.config.spec.adaptive else self.draft_n_max
+        k = "auto" if self.is_adaptive else self.draft_n_max
         spec = {k: self.speculative.decode_tokens_per_second / base} if base else {}
         orc = ({self.oracle_draft_tokens: self.oracle.decode_tokens_per_second / base}
                if base and self.oracle is not None else {})
@@ -135,7 +199,7 @@ class BenchResult:
     @property
     def measured_runs(self) -> dict[Any, SpecStats]:
         """Draft length ("auto" or k) -> speculative statistics, for the cost tables."""
-        return {"auto" if self.config.spec.adaptive else self.draft_n_max: self.speculative.stats}
+        return {"auto" if self.is_adaptive else self.draft_n_max: self.speculative.stats}
 
     def phase_table(self) -> dict[str, Any]:
         runs = dict(self.measured_runs)
@@ -171,6 +235,10 @@ class BenchResult:
                 "model": c.target.model,
                 "draft_model": c.spec.draft_model,
                 "algorithm": self.algorithm,
+                **({"spec_types": list(c.spec.spec_types), "speculators": list(self.speculator_names),
+                    "ngram_size_n": c.spec.ngram_size_n, "ngram_size_m": c.spec.ngram_size_m,
+                    "ngram_min_hits": c.spec.ngram_min_hits, "adaptive": self.is_adaptive}
+                   if c.spec.spec_type is not None else {}),
                 "prompt": c.prompt,
                 "prompt_tokens": self.prompt_tokens,
                 "max_tokens": c.max_tokens,
@@ -203,6 +271,7 @@ class BenchResult:
             "step_costs": asdict(self.step_costs) if self.step_costs is not None else None,
             "backend": self.backend.to_dict() if self.backend is not None else None,
             "warnings": self.warnings,
+            **({"notes": self.notes} if self.notes else {}),
         }
 
 
@@ -279,6 +348,20 @@ def run_oracle(spec_dec: LlamaDFlashDecoding, k: int, prompt: list[int], referen
         spec_dec.set_draft_n_max(before)
 
 
+def skipped_notes(spec_dec: LlamaDFlashDecoding, oracle: bool, probe: bool) -> list[str]:
+    """Notes on what these drafters cannot run: the cost probe and the oracle need a draft model
+    (the oracle also a fixed draft length, which `auto` does not have)."""
+    types = ",".join(spec_dec.speculator_names)
+    notes = []
+    if probe and spec_dec.draft_info is None:
+        notes.append(NO_DRAFT_MODEL_NOTE.format(types=types, what="cost probe"))
+    if oracle and not oracle_supported(spec_dec):
+        notes.append(NO_DRAFT_MODEL_NOTE.format(types=types, what="oracle") if spec_dec.draft_info is None else
+                     f"oracle skipped: {types} picks every step's draft itself (the oracle replays tokens "
+                     "at one fixed draft length)")
+    return notes
+
+
 def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashDecoding,
              ord_load: float, spec_load: float, note: Callable[[str], None]) -> BenchResult:
     prompt = ord_dec.tokenize(cfg.prompt)
@@ -289,6 +372,8 @@ def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashD
     ))
     oracle: Optional[ModeResult] = None
     oracle_k: Optional[int] = None
+    notes = skipped_notes(spec_dec, cfg.oracle, cfg.probe)
+    with_oracle = oracle_supported(spec_dec)
     if cfg.warmup_tokens:
         note("warm-up")
         timed_run(ord_dec, prompt, cfg, cfg.warmup_tokens)
@@ -297,24 +382,26 @@ def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashD
         note(f"run {i + 1}/{cfg.runs}: ordinary")
         run, stats = timed_run(ord_dec, prompt, cfg, cfg.max_tokens)
         ordinary.runs.append(run)
-        ordinary.stats.merge(stats)
+        ordinary.add_run_stats(stats)
         note(f"run {i + 1}/{cfg.runs}: {spec_dec.algorithm}")
         run, stats = timed_run(spec_dec, prompt, cfg, cfg.max_tokens)
         speculative.runs.append(run)
-        speculative.stats.merge(stats)
+        speculative.add_run_stats(stats)
         speculative.stats.backend_sampling_active |= stats.backend_sampling_active
-        if cfg.oracle:
+        if cfg.oracle and with_oracle:
             if oracle is None:
                 oracle_k = oracle_length(spec_dec, speculative.stats)
                 oracle = ModeResult("oracle", stats=SpecStats(algorithm=spec_dec.algorithm, draft_n_max=oracle_k))
             note(f"run {i + 1}/{cfg.runs}: oracle")
             run, stats = run_oracle(spec_dec, oracle_k, prompt, ordinary.runs[-1].output_tokens, cfg, cfg.max_tokens)
             oracle.runs.append(run)
-            oracle.stats.merge(stats)
+            oracle.add_run_stats(stats)
     costs = None
-    if cfg.probe:
+    if cfg.probe and spec_dec.draft_info is not None:
         note("cost probe")
         costs = probe_step_costs(spec_dec, prompt, range(1, spec_dec.draft_info.max_draft_tokens + 1),
                                  ordinary=ord_dec)
     return BenchResult(cfg, len(prompt), ordinary, speculative, spec_dec.algorithm, spec_dec.draft_n_max,
-                       oracle=oracle, oracle_draft_tokens=oracle_k, step_costs=costs)
+                       oracle=oracle, oracle_draft_tokens=oracle_k, step_costs=costs,
+                       adaptive=spec_dec.controller is not None, speculator_names=spec_dec.speculator_names,
+                       has_draft_model=spec_dec.draft_info is not None, notes=notes)

@@ -7,6 +7,7 @@ with the highest sustained throughput, not the highest acceptance.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -18,9 +19,10 @@ from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .backend import BackendInfo, backend_info
 from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, phase_table, run_step_costs
-from .format import format_cost_model, format_phases
+from .format import format_cost_model, format_phases, format_speculators
 from .probe import probe_step_costs
-from .runner import ModeResult, RunResult, timed_run, first_divergence, run_oracle
+from .runner import (ModeResult, RunResult, draft_length_settable, first_divergence, merge_speculators, oracle_supported,
+                     run_oracle, skipped_notes, timed_run)
 
 __all__ = ["SweepConfig", "SweepCell", "SweepResult", "run_sweep", "format_sweep"]
 
@@ -141,23 +143,34 @@ class SweepResult:
     warnings: list[str] = field(default_factory=list)
     step_costs: Optional[StepCosts] = None
     backend: Optional[BackendInfo] = None
+    speculator_names: tuple[str, ...] = ()  # the engine's drafters, in priority order
+    notes: list[str] = field(default_factory=list)  # what was skipped or changed, and why
 
     def to_dict(self) -> dict[str, Any]:
+        spec = self.config.spec
         return {
             "algorithm": self.algorithm,
             "model": self.config.target.model,
-            "draft_model": self.config.spec.draft_model,
+            "draft_model": spec.draft_model,
+            **({"spec_types": list(spec.spec_types), "speculators": list(self.speculator_names),
+                "ngram_size_n": spec.ngram_size_n, "ngram_size_m": spec.ngram_size_m,
+                "ngram_min_hits": spec.ngram_min_hits}
+               if spec.spec_type is not None else {}),
+            "n_ctx": self.config.target.n_ctx,
             "load_seconds": self.load_seconds,
             "step_costs": asdict(self.step_costs) if self.step_costs is not None else None,
             "backend": self.backend.to_dict() if self.backend is not None else None,
             "cells": [c.to_dict() for c in self.cells],
             "warnings": self.warnings,
+            **({"notes": self.notes} if self.notes else {}),
         }
 
 
 def _run_prompts(run_one: Callable[[int, list[int]], tuple[RunResult, SpecStats]], prompts: list[list[int]],
-                 stats: Optional[SpecStats], tick: Callable[[], None]) -> tuple[RunResult, list[list[int]]]:
-    """Every prompt once through run_one(index, prompt); the runs summed, and each prompt's tokens."""
+                 stats: Optional[SpecStats], tick: Callable[[], None],
+                 speculators: Optional[dict] = None) -> tuple[RunResult, list[list[int]]]:
+    """Every prompt once through run_one(index, prompt); the runs summed (statistics into `stats`,
+    per-speculator counts into `speculators`), and each prompt's tokens."""
     tokens: list[int] = []
     outputs: list[list[int]] = []
     seconds = decode = 0.0
@@ -174,6 +187,8 @@ def _run_prompts(run_one: Callable[[int, list[int]], tuple[RunResult, SpecStats]
             accepted, drafted = (accepted or 0) + run.accepted, (drafted or 0) + (run.drafted or 0)
         if stats is not None:
             stats.merge(s)
+        if speculators is not None:
+            merge_speculators(speculators, s)
         tick()
     n = len(tokens)
     return RunResult(n, seconds, n / seconds if seconds > 0 else 0.0, tokens, finish, accepted=accepted,
@@ -190,22 +205,50 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
         t0 = time.perf_counter()
         model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack)
         try:
+            notes = fit_context(cfg, model)
             with LlamaDFlashDecoding(cfg.target, cfg.spec, model=model) as spec_dec, \
                     OrdinaryDecoding(cfg.target, model=model) as ord_dec:
                 load = time.perf_counter() - t0
-                cells = _sweep(cfg, spec_dec, ord_dec, tick)
+                notes += skipped_notes(spec_dec, cfg.oracle, cfg.probe)
+                cells = _sweep(cfg, spec_dec, ord_dec, tick, notes)
                 costs = None
-                if cfg.probe:
+                if cfg.probe and spec_dec.draft_info is not None:
                     first = ord_dec.tokenize(next(iter(cfg.workloads.values()))[0])
                     costs = probe_step_costs(spec_dec, first, range(1, spec_dec.draft_info.max_draft_tokens + 1),
                                              ordinary=ord_dec)
                 for cell in cells:
                     cell.step_costs = costs
                 algorithm = spec_dec.algorithm
+                names = spec_dec.speculator_names
         finally:
             model.close()
     warnings = [str(w.message) for w in caught] + [f"llama.cpp {lvl}: {m}" for lvl, m in recent_log_messages()]
-    return SweepResult(cfg, algorithm, cells, load, warnings, step_costs=costs, backend=backend_info())
+    return SweepResult(cfg, algorithm, cells, load, warnings, step_costs=costs, backend=backend_info(),
+                       speculator_names=names, notes=notes)
+
+
+#: n_ctx is raised to a multiple of this when a workload's prompt does not fit
+_CTX_STEP = 256
+
+
+def fit_context(cfg: SweepConfig, model: Model) -> list[str]:
+    """Where a prompt is longer than n_ctx (which would end the sweep with an error: the built-in
+    copy-heavy prompts are long), raise `cfg.target.n_ctx` to hold the longest prompt and the
+    largest max_tokens; a note says so.  Prompts that fit leave n_ctx as it is."""
+    longest, where = 0, ""
+    for name, prompts in cfg.workloads.items():
+        for i, p in enumerate(prompts):
+            n = len(model.tokenize(p))
+            if n > longest:
+                longest, where = n, f"workload {name}, prompt {i + 1}"
+    n_ctx = cfg.target.n_ctx
+    if longest <= n_ctx:
+        return []
+    need = longest + max(cfg.max_tokens) + 1
+    new = -(-need // _CTX_STEP) * _CTX_STEP
+    cfg.target = dataclasses.replace(cfg.target, n_ctx=new)
+    return [f"n_ctx raised from {n_ctx} to {new}: the longest prompt ({where}) has {longest} tokens, "
+            f"plus max-tokens {max(cfg.max_tokens)}"]
 
 
 def sweep_steps(cfg: SweepConfig) -> int:
@@ -218,7 +261,7 @@ def sweep_steps(cfg: SweepConfig) -> int:
 
 
 def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDecoding,
-           tick: Callable[[], None]) -> list[SweepCell]:
+           tick: Callable[[], None], notes: Optional[list[str]] = None) -> list[SweepCell]:
     encoded = {name: [ord_dec.tokenize(p) for p in prompts] for name, prompts in cfg.workloads.items()}
     if cfg.warmup_tokens:
         first = next(iter(encoded.values()))[0]
@@ -226,9 +269,19 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
         tick()
         spec_dec.generate(first, cfg.warmup_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
         tick()
-    # clamp once so that duplicates (e.g. 8 and 16 on a block of 8) are measured once
-    ks = sorted({spec_dec.set_draft_n_max(k) for k in cfg.draft_tokens}, key=lambda k: (k == "auto", str(k).zfill(4)))
-    oracle_ks = [k for k in ks if k != "auto"] if cfg.oracle else []
+    settable = draft_length_settable(spec_dec)
+    if settable:
+        # clamp once so that duplicates (e.g. 8 and 16 on a block of 8) are measured once
+        ks = sorted({spec_dec.set_draft_n_max(k) for k in cfg.draft_tokens},
+                    key=lambda k: (k == "auto", str(k).zfill(4)))
+    else:
+        # token drafters (and auto) draft as long as they find: one setting, labelled by their longest draft
+        ks = [spec_dec.draft_n_max]
+        ignored = sorted({str(k) for k in cfg.draft_tokens} - {str(spec_dec.draft_n_max), str(cfg.spec.draft_n_max)})
+        if ignored and notes is not None:
+            notes.append(f"draft length not swept ({', '.join(ignored)} ignored): {','.join(spec_dec.speculator_names)} "
+                         f"sets its own, up to {spec_dec.draft_n_max}")
+    oracle_ks = [k for k in ks if k != "auto"] if cfg.oracle and oracle_supported(spec_dec) else []
     cells: list[SweepCell] = []
     for name, prompts in encoded.items():
         for max_tokens in cfg.max_tokens:
@@ -242,13 +295,14 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
                                          ordinary.stats, tick)
                 ordinary.runs.append(run)
                 for k in ks:
-                    spec_dec.set_draft_n_max(k)
+                    if settable:
+                        spec_dec.set_draft_n_max(k)
                     spec[k].runs.append(_run_prompts(lambda i, p: timed_run(spec_dec, p, cfg, max_tokens),
-                                                     prompts, spec[k].stats, tick)[0])
+                                                     prompts, spec[k].stats, tick, spec[k].speculators)[0])
                 for k in oracle_ks:
                     oracle[k].runs.append(_run_prompts(
                         lambda i, p, k=k: run_oracle(spec_dec, k, p, refs[i], cfg, max_tokens),
-                        prompts, oracle[k].stats, tick)[0])
+                        prompts, oracle[k].stats, tick, oracle[k].speculators)[0])
             cells.append(SweepCell(name, max_tokens, ordinary, spec, oracle))
     return cells
 
@@ -257,6 +311,13 @@ def format_sweep(res: SweepResult) -> str:
     lines: list[str] = []
     if res.backend is not None:
         lines += [f"Backend        : {res.backend.summary()}", ""]
+    if res.config.spec.spec_type is not None:
+        spec = res.config.spec
+        lines += [f"Spec types     : {','.join(res.speculator_names or spec.spec_types)}",
+                  f"Draft model    : {spec.draft_model or 'none'}", ""]
+    lines += [f"Note           : {n}" for n in res.notes]
+    if res.notes:
+        lines.append("")
     for cell in res.cells:
         lines.append(f"[sweep: workload {cell.workload}, {cell.max_tokens} tokens, {res.config.runs} runs]")
         lines.append(f"  {'draft':>5} {'token/s':>9} {'median':>9} {'speedup':>8} {'accept':>7} "
@@ -275,6 +336,9 @@ def format_sweep(res: SweepResult) -> str:
             )
         lines.append("  (tau: tokens per verification step = accepted + 1; acc/step: accepted drafts per step; "
                      "oracle: speedup with every draft token right, measured)")
+        for k, m in cell.speculative.items():
+            if m.speculators:
+                lines += format_speculators(m.speculators, f"draft tokens {k}")
         best = cell.best_draft_tokens
         if best is None:
             lines.append("  best setting        : ordinary decoding (no draft length was faster)")

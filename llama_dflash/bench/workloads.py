@@ -1,15 +1,33 @@
-"""Built-in prompt sets, and reading a user's prompt file (text: one prompt per line; or JSONL)."""
+"""Built-in prompt sets, and reading a user's prompt file (text: one prompt per line; or JSONL).
+
+A prompt is a string (one user turn) or, in the copy-heavy sets' multi-turn chats, a tuple of
+turns alternating user / assistant and ending with a user turn (`copy_workloads.messages`); the
+bench formats either with the model's chat template (`bench.cli.chat_wrap`) into one string.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 
-__all__ = ["WORKLOADS", "load_prompt_file", "workload_prompts"]
+from .copy_workloads import CONTROL_WORKLOAD, COPY_HEAVY, COPY_HEAVY_HELDOUT, Prompt
+
+__all__ = ["WORKLOADS", "WORKLOAD_HELP", "Prompt", "load_prompt_file", "workload_prompts"]
+
+
+def _copy_tasks(sets: dict[str, list[Prompt]]) -> list[Prompt]:
+    """Every copy-heavy category's prompts in one list, the open-chat control left out (the
+    "low-repetition" workload is the control here)."""
+    return [p for category, prompts in sets.items() if category != CONTROL_WORKLOAD for p in prompts]
+
 
 #: Our own prompts.  "structured": code, lists, math, formatted answers (drafts tend to do well);
-#: "low-repetition": open prose and chat (drafts tend to do poorly).
-WORKLOADS: dict[str, list[str]] = {
+#: "low-repetition": open prose and chat (drafts tend to do poorly); "copy-heavy": answers that
+#: copy from the prompt (edit a given function, reformat JSON/CSV as YAML/Markdown, repeat a
+#: paragraph with small changes, quote a document, repeat an earlier turn of a multi-turn chat):
+#: the lookup/n-gram drafters' home ground; "copy-heavy-heldout": the same categories, other
+#: texts (the lookup's defaults were tuned on "copy-heavy", this set is for the final check).
+WORKLOADS: dict[str, list[Prompt]] = {
     "structured": [
         "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and three doctests.",
         "List the planets of the solar system in order from the Sun, one per line, with their number of moons.",
@@ -26,10 +44,21 @@ WORKLOADS: dict[str, list[str]] = {
         "Write a letter to a friend you have not seen in ten years, telling them what has changed in your life.",
         "Imagine you are an old oak tree. Describe the last hundred years from your point of view.",
     ],
+    "copy-heavy": _copy_tasks(COPY_HEAVY),
+    "copy-heavy-heldout": _copy_tasks(COPY_HEAVY_HELDOUT),
+}
+
+#: One line per workload, for --help and listings.
+WORKLOAD_HELP: dict[str, str] = {
+    "structured": "code, lists, math, formatted answers",
+    "low-repetition": "open prose and chat",
+    "copy-heavy": "answers that copy from the prompt: edit a function, reformat JSON/CSV, repeat with small "
+                  "changes, quote a document, repeat an earlier chat turn (multi-turn)",
+    "copy-heavy-heldout": "the copy-heavy categories on other texts (held out from tuning)",
 }
 
 
-def workload_prompts(name: str) -> list[str]:
+def workload_prompts(name: str) -> list[Prompt]:
     try:
         return list(WORKLOADS[name])
     except KeyError:

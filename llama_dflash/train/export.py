@@ -117,7 +117,9 @@ def evaluate_acceptance(target_path: str, draft_path: str, prompts: Sequence[lis
         eng.close()
     return {
         "acceptance_per_position": [round(x, 4) for x in total.acceptance_per_position],
-        "mean_accepted_length": round(total.mean_accepted_length, 4),
+        "accepted_per_step": round(total.accepted_per_step, 4),  # draft tokens accepted per step
+        "tau": round(total.tau, 4),  # tokens per step: accepted drafts + the target's own token
+        "mean_accepted_length": round(total.mean_accepted_length, 4),  # tau (llama-cpp-python's name)
         "acceptance_rate": round(total.acceptance_rate, 4),
         "generated_tokens": total.generated_tokens,
         "verification_steps": total.verification_steps,

@@ -49,9 +49,7 @@ CASES = [
     ("ngram-map-k", {}),
     ("ngram-mod", {}),
     ("ngram-cache", {}),
-    pytest.param("ngram-map-k,draft-dflash", SMALL, marks=pytest.mark.xfail(
-        strict=True, reason="open: the chain's draft-model steps accept differently from the C++ driver's "
-                            "from the second step on (issue 29 closing note)")),
+    ("ngram-map-k,draft-dflash", SMALL),
     pytest.param("ngram-simple,draft-dspark", SMALL, marks=pytest.mark.xfail(
         strict=True, reason="open: validate_pair refuses the shipped DSpark draft under spec_type "
                             "draft-dspark (issue 29 closing note)")),
@@ -86,8 +84,8 @@ def _draft_for(types: str):
 
     if "draft-dspark" in types:
         return os.path.join(os.path.dirname(default_draft_path(smollm2_path())), "SmolLM2-135M-Instruct.dspark.gguf")
-    if "draft-dflash" in types:
-        return default_draft_path(smollm2_path())
+    if "draft-dflash" in types:  # the shipped DFlash draft (the default is a DSpark one)
+        return os.path.join(os.path.dirname(default_draft_path(smollm2_path())), "SmolLM2-135M-Instruct.dflash.gguf")
     return None
 
 

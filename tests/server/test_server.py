@@ -161,7 +161,7 @@ def test_metrics(server):
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[name.split("{")[0]] = float(value)
-    for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "rollbacks_total",
+    for name in ("acceptance_rate", "accepted_per_step", "mean_accepted_length", "tokens_per_second", "rollbacks_total",
                  "requests_total", "generated_tokens_total"):
         assert f"llama_dflash_{name}" in values
     assert values["llama_dflash_requests_total"] >= 1

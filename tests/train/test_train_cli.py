@@ -28,7 +28,8 @@ def test_trained_draft_on_predictable_target_reaches_high_acceptance(cycle_targe
     assert rep["parity"]["agreement"] >= 0.99
     acc = rep["eval"]["acceptance_per_position"]
     assert len(acc) == 3 and min(acc) >= 0.85, rep["eval"]
-    assert rep["eval"]["mean_accepted_length"] >= 2.3
+    assert rep["eval"]["accepted_per_step"] >= 2.3
+    assert rep["eval"]["tau"] == rep["eval"]["mean_accepted_length"] == pytest.approx(1 + rep["eval"]["accepted_per_step"])
     assert json.load(open(tmp_path / "w" / "report.json"))["mask_token"] == "<mask>"
 
 

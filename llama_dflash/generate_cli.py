@@ -1,0 +1,113 @@
+"""`llama-dflash generate`: one prompt through the engine, the text on stdout.
+
+--spec-type picks the speculative types as in `bench` (`none`: ordinary decoding); a statistics
+line goes to stderr and --json writes text, tokens and statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .cli import UsageError
+
+__all__ = ["configure", "run"]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from .bench.cli import DEFAULT_PROMPT, add_spec_type_args, draft_tokens_arg
+
+    m = p.add_argument_group("models")
+    m.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model; "
+                                         "none is loaded when --spec-type needs none)")
+    m.add_argument("--algorithm", choices=("auto", "dflash", "dspark", "dflash2"), default="auto")
+    d = p.add_argument_group("drafting")
+    add_spec_type_args(d)
+    d.add_argument("--draft-tokens", type=draft_tokens_arg, default="auto",
+                   help="draft_n_max (clamped to the draft's block), or 'auto' (the default): adaptive")
+    d.add_argument("--draft-n-min", type=int, default=0)
+    d.add_argument("--draft-p-min", type=float, default=0.0)
+    d.add_argument("--backend-sampling", choices=("auto", "on", "off"), default="auto")
+    d.add_argument("--rollback", choices=("auto", "native", "checkpoint"), default="auto")
+    g = p.add_argument_group("generation")
+    g.add_argument("--prompt", default=DEFAULT_PROMPT)
+    g.add_argument("--raw-prompt", action="store_true", help="do not wrap the prompt in the model's chat format")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    c = p.add_argument_group("context")
+    c.add_argument("--n-ctx", type=int, default=2048)
+    c.add_argument("--n-batch", type=int, default=512)
+    c.add_argument("--n-ubatch", type=int, default=512)
+    c.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--n-gpu-layers", type=int, default=None, help="target layers on the GPU (default: all, -1)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="PATH", help="write text, tokens, finish reason and statistics as JSON")
+    o.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
+    o.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .bench.cli import (_check_output_path, _wrap, resolve_models, spec_config, spec_type_names,
+                            target_config)
+    from .engine import LlamaDFlashDecoding, OrdinaryDecoding
+    from .inspect import validate_files, validate_target_file
+    from .sampling import SamplingParams
+
+    if args.max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, not {args.max_tokens}")
+    if args.json:
+        _check_output_path(args.json)
+    ordinary = args.spec_type is not None and not spec_type_names(args.spec_type)  # --spec-type none
+    if ordinary:
+        from .defaults import smollm2_path
+
+        if args.draft_model:
+            raise UsageError(f"--draft-model {args.draft_model} is given but --spec-type none drafts nothing")
+        model, spec = args.model or smollm2_path(), None
+        validate_target_file(model)
+    else:
+        model, draft = resolve_models(args)
+        spec = spec_config(args, draft)
+        if spec.draft_model is not None:
+            validate_files(model, spec.draft_model, spec.algorithm)
+        else:
+            validate_target_file(model)
+    target = target_config(args, model)
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    t0 = time.perf_counter()
+    engine: Any = OrdinaryDecoding(target) if spec is None else LlamaDFlashDecoding(target, spec)
+    with engine:
+        prompt = engine.tokenize(_wrap(args, model, args.prompt))
+        res = engine.generate(prompt, args.max_tokens, sampling, ignore_eos=args.ignore_eos)
+        text = engine.detokenize(res.tokens)
+        algorithm = "ordinary" if spec is None else engine.algorithm
+        names = () if spec is None else engine.speculator_names
+    seconds = time.perf_counter() - t0
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    s = res.stats
+    if not args.quiet:
+        line = f"llama-dflash generate: {algorithm}: {len(res.tokens)} tokens ({res.finish_reason}), " \
+               f"{s.tokens_per_second:.2f} token/s"
+        if spec is not None:
+            line += (f", {s.accepted}/{s.drafted} drafted tokens accepted, tau {s.tokens_per_step:.2f} "
+                     f"in {s.verification_steps} steps")
+        sys.stderr.write(line + "\n")
+    if args.json:
+        from .bench.runner import merge_speculators, speculator_summary
+
+        raw: dict = {}
+        merge_speculators(raw, s)
+        data = {"text": text, "tokens": res.tokens, "finish_reason": res.finish_reason, "algorithm": algorithm,
+                "speculators": list(names), "prompt_tokens": len(prompt), "seconds": seconds,
+                "stats": s.to_dict(), "speculator_stats": speculator_summary(raw)}
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+    return 0
