@@ -7,7 +7,9 @@ on: the held-out copy-heavy set (edit a function, JSON->YAML, CSV->Markdown, rep
 with changes, quote a document, repeat an earlier chat turn), the low-repetition prose workload
 and the held-out open chat prompts (llama_dflash/drafts/heldout_chat.jsonl).  For every prompt
 all configurations run one after another (interleaved: machine drift hits all of them alike);
-outputs are checked identical to ordinary decoding.  The table: per workload and configuration,
+outputs are checked against ordinary decoding (a mismatch names the first divergent token: on
+this CPU a batched verification and a single-row decode round differently, and where the top two
+logits nearly tie the two paths part -- with flash attention on or off, repacked or not).  The table: per workload and configuration,
 tau (tokens per verification step), the decode-loop speedup over ordinary decoding (prompt
 processing excluded on both sides; the ratio of summed decode seconds over the same tokens),
 and the median of the per-prompt ratios.
@@ -88,7 +90,9 @@ def main() -> None:
                 if ref is None:
                     ref = res.tokens
                 elif res.tokens != ref:
-                    mismatches.append(f"{wl} prompt {i + 1}: {name}")
+                    at = next((j for j, (x, y) in enumerate(zip(ref, res.tokens)) if x != y),
+                              min(len(ref), len(res.tokens)))
+                    mismatches.append(f"{wl} prompt {i + 1}: {name} (from token {at})")
                 r = rows.setdefault(name, {"tokens": 0, "seconds": 0.0, "steps": 0, "accepted": 0,
                                            "drafted": 0, "ratios": []})
                 loop = max(1e-9, s.total_seconds - s.prefill_seconds)

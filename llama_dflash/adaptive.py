@@ -20,6 +20,7 @@ GPU nearly one.  Tests inject fixed cost curves instead.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -70,13 +71,36 @@ class CostModel:
         return my, max(0.0, slope), mx
 
     def _estimate(self, which: str, k: int) -> Optional[float]:
-        if which not in self._fits:  # refitted once per observation, not once per k asked
-            self._fits[which] = self._fit(self._verify if which == "verify" else self._draft)
-        fit = self._fits[which]
-        if fit is None:
+        """Measured lengths read their own (smoothed) cost, made non-decreasing in k; lengths in
+        between are interpolated, longer ones extrapolated with the fitted slope.
+
+        A single line through all lengths misjudged the short ones: on a CPU one row and two are
+        different kernels (mat-vec, then mat-mat), so the cost curve is steep from k = 0 to 1 and
+        flatter after; a line fitted mostly on long lookup drafts called a 1-token verification
+        1.5 single decodes where it measured 1.9, and `auto` drafted 1-token guesses that lost.
+        The running maximum keeps noise from making a longer block look cheaper."""
+        if which not in self._fits:  # rebuilt once per observation, not once per k asked
+            points = self._verify if which == "verify" else self._draft
+            fit = self._fit(points)
+            xs = sorted(points)
+            ys, top = [], 0.0
+            for x in xs:
+                top = max(top, points[x])
+                ys.append(top)
+            self._fits[which] = None if fit is None else (xs, ys, fit[1])  # type: ignore[assignment]
+        table = self._fits[which]
+        if table is None:
             return None
-        my, slope, mx = fit
-        return max(1e-9, my + slope * (k - mx))
+        xs, ys, slope = table  # type: ignore[misc]
+        i = bisect_left(xs, k)
+        if i < len(xs) and xs[i] == k:
+            return max(1e-9, ys[i])
+        if i == 0:  # below every measured length: the shortest one's cost
+            return max(1e-9, ys[0])
+        if i == len(xs):
+            return max(1e-9, ys[-1] + slope * (k - xs[-1]))
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(1e-9, y0 + (y1 - y0) * (k - x0) / (x1 - x0))
 
     def verify_time(self, k: int) -> Optional[float]:
         return self._estimate("verify", k)

@@ -107,6 +107,23 @@ def test_cost_model_fits_unmeasured_lengths():
     assert cm2.verify_time(4) >= cm2.verify_time(0) - 1e-12
 
 
+def test_cost_model_keeps_the_cpu_kink_between_one_row_and_two():
+    """Measured lengths read their own cost: a line fitted mostly on long drafts would call a
+    1-token verification far cheaper than measured (on a 2-core CPU: 1.9 single decodes)."""
+    cm = CostModel()
+    measured = {0: 0.008, 1: 0.015, 2: 0.017, 8: 0.030, 16: 0.040}
+    for k, v in measured.items():
+        for _ in range(20 if k == 16 else 3):
+            cm.observe(k, 0.001, v)
+    assert cm.verify_time(1) == pytest.approx(0.015)
+    assert cm.verify_time(0) == pytest.approx(0.008)
+    assert cm.verify_time(5) == pytest.approx(0.017 + 0.013 * 3 / 6)
+    assert cm.verify_time(20) > cm.verify_time(16)  # extrapolated with the fitted slope
+    # noise that makes a longer block measure cheaper is flattened, never believed
+    cm.observe(3, 0.001, 0.001)
+    assert cm.verify_time(3) == pytest.approx(0.017)
+
+
 def test_auto_config_and_stats(tiny_config, tiny_draft):
     with pytest.raises(ValueError, match="or 'auto'"):
         SpecConfig(tiny_draft, draft_n_max="fast")

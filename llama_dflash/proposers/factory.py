@@ -18,9 +18,15 @@ __all__ = ["build_token_drafters", "build_auto_lookup", "build_proposer", "draft
 LOOKUP_N_MAX = 16  # the lookup's longest draft when draft_n_max is "auto", and under `auto`
 
 
+#: trial weight of a match-length bucket under `auto`: its choice must follow a change of workload
+#: within a few dozen steps (bench/speculators.py runs prose after copy-heavy requests: with the
+#: lookup's default 256, auto went on drafting copy-heavy confidence into prose, 0.82x ordinary)
+AUTO_LOOKUP_WEIGHT = 32.0
+
+
 def build_auto_lookup() -> SuffixLookup:
     """The lookup `auto` chooses from: it picks the length per step, so n_max is only a ceiling."""
-    return SuffixLookup(n_max=LOOKUP_N_MAX, session=True)
+    return SuffixLookup(n_max=LOOKUP_N_MAX, session=True, max_weight=AUTO_LOOKUP_WEIGHT)
 
 
 def build_token_drafters(spec) -> list[TokenDrafter]:

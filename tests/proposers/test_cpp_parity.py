@@ -50,9 +50,8 @@ CASES = [
     ("ngram-mod", {}),
     ("ngram-cache", {}),
     ("ngram-map-k,draft-dflash", SMALL),
-    pytest.param("ngram-simple,draft-dspark", SMALL, marks=pytest.mark.xfail(
-        strict=True, reason="open: validate_pair refuses the shipped DSpark draft under spec_type "
-                            "draft-dspark (issue 29 closing note)")),
+    ("ngram-simple,draft-dspark", SMALL),
+    ("draft-dspark", {}),
 ]
 
 
@@ -97,7 +96,9 @@ def test_same_steps_as_the_cpp_driver(types, sizes, ignore_eos):
     model = smollm2_path()
     draft = _draft_for(types)
     text = chat_wrap(model, PROMPT)
-    target = TargetConfig(model, n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2)
+    # repack off on both sides: repacked weights change the logits' last bits, and the DSpark
+    # draft's near-ties (steps 2-3 of this prompt) then go the other way
+    target = TargetConfig(model, n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=2, repack=False)
     ngram = {f"ngram_{k}": v for k, v in sizes.items()}
     spec = SpecConfig(draft, spec_type=types, draft_n_max=DRAFT_N_MAX, **ngram)
     with LlamaDFlashDecoding(target, spec) as eng:
@@ -120,7 +121,7 @@ def test_same_steps_as_the_cpp_driver(types, sizes, ignore_eos):
         n += a + 1
     assert len(theirs) > 3, cpp.steps
     assert ours[:len(theirs)] == theirs
-    if sizes:  # (with llama.cpp's default sizes, 96 tokens of this prompt give no match at all)
+    if sizes or "draft-" in types:  # (with llama.cpp's default sizes, 96 tokens of this prompt give no match at all)
         assert sum(d for _, d in theirs) > 0, "nothing drafted: the case tests nothing"
     if not ignore_eos and res.finish_reason == "stop":
         assert len(ours) == len(theirs)
