@@ -1,6 +1,13 @@
 """Load test of `llama-dflash serve`: N concurrent clients on loopback, every answer checked.
 
     . .venv/bin/activate && python bench/load.py [--clients 8] [--duration 60] [--requests 0] [--no-draft]
+    python bench/load.py --servers llama-dflash,llama-server --parallel 4 --clients 1,4,8 --duration 30
+
+`--servers llama-dflash,llama-server` puts the same load on llama.cpp's own server (`-np` = --parallel,
+`-c` = --n-ctx x --parallel, flash attention on, the draft as `--spec-type draft-dspark|draft-dflash`)
+built by ../shared/tools/build-cpp-reference.sh, each judged against its own sequential answers, and
+prints a table side by side: aggregate completion tokens/s, requests/s, latency and time to first
+token p50/p99, errors and wrong answers per client count.
 
 Starts `llama-dflash serve` on 127.0.0.1 (a free port; SmolLM2 with the default draft unless
 --model/--draft/--no-draft say otherwise), asks each distinct request once, sequentially, for
@@ -317,12 +324,15 @@ def speculative_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def start_server(args: list[str], port: int, log, timeout: float = 180.0) -> subprocess.Popen:
-    env = dict(os.environ)
-    if (REPO / "llama_dflash").is_dir():  # this checkout's package, not whichever one is installed
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-m", "llama_dflash.cli", "serve", "--host", "127.0.0.1",
-                             "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+def _default_llama_server() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "llama-cpp-reference", "build", "bin", "llama-server")
+
+
+def start_server(cmd: list[str], port: int, log, timeout: float = 180.0,
+                 env: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    """Start `cmd` (a server listening on `port`) and wait until /health answers."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -358,9 +368,24 @@ def rss_mb(pid: int) -> Optional[float]:
 
 
 # ---- main ---------------------------------------------------------------------------------------------
+def _client_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of integers: {text!r}") from None
+    if not counts or any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1: {text!r}")
+    return counts
+
+
+SERVERS = ("llama-dflash", "llama-server")
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=8, help="concurrent client threads (default %(default)s)")
+    ap.add_argument("--clients", type=_client_counts, default=[8],
+                    help="concurrent client threads, or a comma list (1,4,8: one load after the other on the "
+                         "same server; default 8)")
     ap.add_argument("--duration", type=float, default=60.0,
                     help="seconds of load; no request starts after (default %(default)s)")
     ap.add_argument("--requests", type=int, default=0, help="stop after this many requests (default 0: no limit)")
@@ -373,36 +398,81 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--draft", help="draft GGUF (default: the model's default draft)")
     ap.add_argument("--no-draft", action="store_true", help="the ordinary server, without a draft")
     ap.add_argument("--draft-tokens", default="auto", help="the server's --draft-tokens (default %(default)s)")
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="the server's --parallel (llama-server's -np): requests decoded together "
+                         "(default: not passed to llama-dflash serve; 1 for llama-server)")
+    ap.add_argument("--servers", default="llama-dflash",
+                    help="comma list of the servers to load one after the other, printed side by side: "
+                         "llama-dflash, llama-server (default %(default)s)")
+    ap.add_argument("--llama-server", default=_default_llama_server(), metavar="PATH",
+                    help="llama.cpp's llama-server binary (default: ../shared/tools/build-cpp-reference.sh's)")
+    ap.add_argument("--llama-server-spec-type", default=None,
+                    help="llama-server's --spec-type with the draft (default: draft-dspark or draft-dflash, "
+                         "from the draft file)")
+    ap.add_argument("--llama-server-draft-max", type=int, default=4,
+                    help="llama-server's --spec-draft-n-max with the draft (default %(default)s)")
     ap.add_argument("--max-queue", type=int, default=None,
                     help="the server's --max-queue (default: 2 x clients, at least 16, so none is refused)")
     ap.add_argument("--request-timeout", type=float, default=300.0, help="the server's --request-timeout")
-    ap.add_argument("--n-threads", type=int, default=None, help="the server's --n-threads")
-    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--n-threads", type=int, default=None, help="the servers' thread count (--n-threads, -t)")
+    ap.add_argument("--n-ctx", type=int, default=2048, help="context of each request (slot); llama-server gets "
+                                                          "-c N x --parallel")
     ap.add_argument("--no-seeded", action="store_true", help="leave out the seeded temperature-0.8 request")
     ap.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     a = ap.parse_args(argv)
-    if a.clients < 1 or a.duration <= 0 or a.requests < 0 or a.max_tokens < 1 or a.close_after < 1 \
+    if a.duration <= 0 or a.requests < 0 or a.max_tokens < 1 or a.close_after < 1 \
             or a.disconnect_every < 0:
-        ap.error("--clients, --duration, --max-tokens, --close-after must be > 0; --requests, --disconnect-every >= 0")
+        ap.error("--duration, --max-tokens, --close-after must be > 0; --requests, --disconnect-every >= 0")
     if a.no_draft and a.draft:
         ap.error("--draft and --no-draft exclude each other")
+    if a.parallel is not None and a.parallel < 1:
+        ap.error("--parallel must be >= 1")
+    a.servers = [s.strip() for s in a.servers.split(",") if s.strip()]
+    bad = [s for s in a.servers if s not in SERVERS]
+    if bad or not a.servers:
+        ap.error(f"--servers takes {', '.join(SERVERS)}, not {','.join(bad) or 'nothing'}")
     return a
 
 
 def server_args(a: argparse.Namespace) -> tuple[list[str], str, Optional[str]]:
-    """The server's command-line options, the model and the draft paths."""
+    """`llama-dflash serve`'s command-line options, the model and the draft paths."""
     from llama_dflash.defaults import default_draft_path, smollm2_path
 
     model = a.model or smollm2_path()
     draft = None if a.no_draft else (a.draft or default_draft_path(model))
     args = ["--model", model, "--n-ctx", str(a.n_ctx), "--max-tokens-cap", str(max(a.max_tokens, 16)),
-            "--max-queue", str(a.max_queue if a.max_queue is not None else max(16, 2 * a.clients)),
+            "--max-queue", str(a.max_queue if a.max_queue is not None else max(16, 2 * max(a.clients))),
             "--request-timeout", str(a.request_timeout)]
     if draft:
         args += ["--draft-model", draft, "--draft-tokens", a.draft_tokens]
     if a.n_threads:
         args += ["--n-threads", str(a.n_threads)]
+    if a.parallel is not None:
+        args += ["--parallel", str(a.parallel)]
     return args, model, draft
+
+
+def llama_server_spec_type(draft: str) -> str:
+    """llama-server's --spec-type for a draft file: draft-dspark for a DSpark draft, else draft-dflash."""
+    try:
+        from llama_dflash.inspect import detect_algorithm, read_draft
+
+        return "draft-dspark" if detect_algorithm(read_draft(draft)) == "dspark" else "draft-dflash"
+    except Exception:  # noqa: BLE001 - a guess from the name is as good where the file cannot be read
+        return "draft-dspark" if "dspark" in os.path.basename(draft) else "draft-dflash"
+
+
+def llama_server_command(a: argparse.Namespace, model: str, draft: Optional[str], port: int) -> list[str]:
+    """The same pair and settings on llama.cpp's own server (`-np` slots of --n-ctx each, flash attention on)."""
+    n_par = a.parallel or 1
+    cmd = [a.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(n_par),
+           "-c", str(a.n_ctx * n_par), "-fa", "on", "--no-webui"]
+    if a.n_threads:
+        cmd += ["-t", str(a.n_threads)]
+    if draft:
+        cmd += ["-md", draft, "--spec-type", a.llama_server_spec_type or llama_server_spec_type(draft),
+                "--spec-draft-n-max", str(a.llama_server_draft_max)]
+    return cmd
 
 
 def reference_round(port: int, cases: list, timeout: float, stream: bool) -> tuple[list[Reply], list[str]]:
@@ -431,43 +501,67 @@ def references(port: int, cases: list, timeout: float) -> tuple[dict[bool, list[
     return {False: plain, True: streamed}, problems, differ
 
 
-def run(a: argparse.Namespace) -> dict[str, Any]:
+def _load(a: argparse.Namespace, port: int, cases: list, refs: dict[bool, list[Reply]], clients: int,
+          timeout: float) -> dict[str, Any]:
+    """`clients` threads sending the cases until the duration or the request count is reached."""
+    answers = {mode: [r.answer for r in refs[mode]] for mode in refs}
+    load = Load(port, Plan(cases, a.disconnect_every), answers, [r.completion_tokens or 0 for r in refs[False]],
+                timeout, a.requests, time.monotonic() + a.duration, a.close_after)
+    threads = [threading.Thread(target=load.client, daemon=True, name=f"client-{i}") for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except BaseException:
+        load.stop.set()
+        raise
+    return summarize(load.outcomes, time.perf_counter() - t0)
+
+
+def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict[str, Any]]:
+    """One report per client count of `a.clients`, all against one `server` started once."""
     args, model, draft = server_args(a)
     cases = [(n, p, dict(b, max_tokens=a.max_tokens, **({} if "temperature" in b else {"temperature": 0})))
              for n, p, b in CASES if not (a.no_seeded and "seed" in b)]
     timeout = a.request_timeout + 30
     port = free_port()
-    report: dict[str, Any] = {"model": os.path.basename(model), "draft": os.path.basename(draft) if draft else None,
-                              "clients": a.clients, "duration_s": a.duration, "max_requests": a.requests,
-                              "max_tokens": a.max_tokens, "server_args": args, "reference_problems": [],
-                              "stream_differs_from_plain": [], "after_problems": [], "health_ok": False,
-                              "server_crashed": False}
+    if server == "llama-server":
+        if not os.access(a.llama_server, os.X_OK):
+            raise RuntimeError(f"no llama-server at {a.llama_server} (build it with "
+                               "../shared/tools/build-cpp-reference.sh or pass --llama-server)")
+        cmd, env = llama_server_command(a, model, draft, port), None
+    else:
+        env = dict(os.environ)
+        if (REPO / "llama_dflash").is_dir():  # this checkout's package, not whichever one is installed
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "llama_dflash.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    base: dict[str, Any] = {"server": server, "model": os.path.basename(model),
+                            "draft": os.path.basename(draft) if draft else None,
+                            "parallel": a.parallel, "duration_s": a.duration, "max_requests": a.requests,
+                            "max_tokens": a.max_tokens, "server_args": cmd[1:] if server == "llama-server" else args,
+                            "reference_problems": [], "stream_differs_from_plain": [], "after_problems": [],
+                            "health_ok": False, "server_crashed": False}
+    reports: list[dict[str, Any]] = []
     with tempfile.TemporaryFile() as log:
-        proc = start_server(args, port, log)
+        proc = start_server(cmd, port, log, env=env)
         try:
-            refs, report["reference_problems"], report["stream_differs_from_plain"] = references(port, cases, timeout)
-            report["rss_before_mb"] = rss_mb(proc.pid)
-            if not report["reference_problems"]:
-                answers = {mode: [r.answer for r in refs[mode]] for mode in refs}
-                load = Load(port, Plan(cases, a.disconnect_every), answers,
-                            [r.completion_tokens or 0 for r in refs[False]], timeout, a.requests,
-                            time.monotonic() + a.duration, a.close_after)
-                threads = [threading.Thread(target=load.client, daemon=True, name=f"client-{i}")
-                           for i in range(a.clients)]
-                t0 = time.perf_counter()
-                for t in threads:
-                    t.start()
-                try:
-                    for t in threads:
-                        while t.is_alive():
-                            t.join(0.5)
-                except BaseException:
-                    load.stop.set()
-                    raise
-                report.update(summarize(load.outcomes, time.perf_counter() - t0))
+            refs, base["reference_problems"], base["stream_differs_from_plain"] = references(port, cases, timeout)
+            for clients in a.clients:
+                report = dict(base, clients=clients)
+                reports.append(report)
+                if base["reference_problems"]:
+                    break
+                report["rss_before_mb"] = rss_mb(proc.pid)
+                report.update(_load(a, port, cases, refs, clients, timeout))
                 report["rss_after_mb"] = rss_mb(proc.pid)
                 report["health_ok"] = health(port)
-                report["speculative"] = speculative_metrics(port) if draft else {}
+                report["speculative"] = speculative_metrics(port) if draft and server == "llama-dflash" else {}
+            report = reports[-1]
+            if "completed" in report:
+                answers = {mode: [r.answer for r in refs[mode]] for mode in refs}
                 for mode in (False, True):  # the model must still answer right after all that
                     after, problems = reference_round(port, cases, timeout, mode)
                     report["after_problems"] += problems + [
@@ -475,12 +569,19 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                         for c, ref, r in zip(cases, answers[mode], after) if not r.error and check(ref, r)]
         finally:
             code = stop_server(proc)
-            report["server_exit_status"] = code
-            report["server_crashed"] = code is not None and code < 0 and code != -signal.SIGTERM
+            crashed = code is not None and code < 0 and code != -signal.SIGTERM
             log.seek(0)
             text = log.read().decode(errors="replace")
-            report["server_log_tail"] = text[-2000:] if ("Traceback" in text or report["server_crashed"]) else ""
-    return report
+            for report in reports:
+                report["server_exit_status"] = code
+                report["server_crashed"] = crashed
+                report["server_log_tail"] = text[-2000:] if ("Traceback" in text or crashed) else ""
+    return reports
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    """The single report of one server under one client count (`a.clients` holds one)."""
+    return run_server(a, a.servers[0])[0]
 
 
 def _ms(x: Optional[float]) -> str:
@@ -488,8 +589,9 @@ def _ms(x: Optional[float]) -> str:
 
 
 def print_report(r: dict[str, Any]) -> None:
-    print(f"llama-dflash serve under load: {r['model']} + {r['draft'] or 'no draft (ordinary decoding)'}, "
-          f"{r['clients']} clients, {r['duration_s']:g} s"
+    print(f"{r.get('server', 'llama-dflash')} under load: {r['model']} + "
+          f"{r['draft'] or 'no draft (ordinary decoding)'}, {r['clients']} clients"
+          + (f", parallel {r['parallel']}" if r.get("parallel") else "") + f", {r['duration_s']:g} s"
           + (f" or {r['max_requests']} requests" if r["max_requests"] else "") + f", max_tokens {r['max_tokens']}")
     for p in r["reference_problems"]:
         print(f"  reference run: {p}")
@@ -524,22 +626,44 @@ def print_report(r: dict[str, Any]) -> None:
     print("RESULT: " + ("FAILED" if failed(r) else "ok"))
 
 
+def side_by_side(reports: list[dict[str, Any]]) -> str:
+    """A markdown table: one row per (client count, server)."""
+    head = ("| clients | server | parallel | draft | tok/s (aggregate) | req/s | latency p50 | latency p99 "
+            "| TTFT p50 | TTFT p99 | errors | wrong |")
+    rows = [head, "|" + "---|" * 12]
+    for r in sorted(reports, key=lambda r: (r["clients"], SERVERS.index(r.get("server", "llama-dflash")))):
+        if "completed" not in r:
+            rows.append(f"| {r['clients']} | {r.get('server')} | - | - | not run | | | | | | | |")
+            continue
+        rows.append(f"| {r['clients']} | {r.get('server')} | {r.get('parallel') or 1} | {r['draft'] or '-'} "
+                    f"| {r['completion_tokens_per_second']:.1f} | {r['requests_per_second']:.2f} "
+                    f"| {_ms(r['latency_p50_s'])} | {_ms(r['latency_p99_s'])} | {_ms(r['first_chunk_p50_s'])} "
+                    f"| {_ms(r['first_chunk_p99_s'])} | {r['errors']} | {r['wrong_answers']} |")
+    return "\n".join(rows)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM too stops the server on the way out
+    reports: list[dict[str, Any]] = []
     try:
-        report = run(a)
+        for server in a.servers:
+            reports += run_server(a, server)
     except KeyboardInterrupt:
         print("interrupted: the server was stopped", file=sys.stderr)
         return 130
     except RuntimeError as exc:
         print(f"load.py: {exc}", file=sys.stderr)
         return 2
-    print_report(report)
+    for report in reports:
+        print_report(report)
+    if len(reports) > 1:
+        print()
+        print(side_by_side(reports))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(report, fh, indent=2)
-    return 1 if failed(report) else 0
+            json.dump(reports[0] if len(reports) == 1 else {"runs": reports}, fh, indent=2)
+    return 1 if any(failed(r) for r in reports) else 0
 
 
 if __name__ == "__main__":
