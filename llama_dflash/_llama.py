@@ -7,18 +7,22 @@ still open before the interpreter tears down ctypes, so exiting without `close()
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import threading
 import weakref
 from collections import deque
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence
 
 import llama_cpp
 from llama_cpp import llama_cpp as ll
 
+from .config import SPLIT_MODE_NAMES as SPLIT_MODES
 from .errors import LlamaCallError
 
-__all__ = ["Model", "Context", "BatchExt", "ensure_backend", "set_verbose", "recent_log_messages"]
+__all__ = ["Model", "Context", "BatchExt", "Placement", "placement_defaults", "ensure_backend", "set_verbose",
+           "recent_log_messages"]
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -122,17 +126,90 @@ class _Handle:
             pass
 
 
+_ALL_LAYERS = 0x7FFFFFFF  # what llama-cpp-python passes for n_gpu_layers=-1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's weights go, as passed to llama.cpp's model parameters.
+
+    `n_gpu_layers` as asked (-1: all; llama-cpp-python's 0x7FFFFFFF reads as -1 here),
+    `split_mode` a llama_split_mode value (0 none, 1 layer, 2 row, 3 tensor), `main_gpu` the
+    device index split mode "none" uses (-1 there: no GPU), `tensor_split` the per-device shares
+    (None: llama.cpp's default, by free memory).
+    """
+
+    n_gpu_layers: int = -1
+    split_mode: int = SPLIT_MODES["layer"]
+    main_gpu: int = 0
+    tensor_split: Optional[tuple[float, ...]] = None
+
+    def __post_init__(self) -> None:
+        if self.n_gpu_layers >= _ALL_LAYERS:
+            object.__setattr__(self, "n_gpu_layers", -1)
+
+    @property
+    def offloads(self) -> bool:
+        """Whether any layer is asked to go to a GPU (llama.cpp puts the output head there first)."""
+        return self.n_gpu_layers != 0 and not (self.split_mode == SPLIT_MODES["none"] and self.main_gpu < 0)
+
+    def devices(self, n_gpus: int) -> frozenset:
+        """The devices the weights may sit on with `n_gpus` GPUs: "CPU" and/or GPU indices."""
+        if not self.offloads or n_gpus <= 0:
+            return frozenset({"CPU"})
+        if self.split_mode == SPLIT_MODES["none"]:
+            return frozenset({self.main_gpu})
+        shares = self.tensor_split
+        gpus = [i for i in range(n_gpus) if shares is None or (i < len(shares) and shares[i] > 0)]
+        return frozenset(gpus or range(n_gpus))
+
+
+_placement_defaults = threading.local()
+
+
+@contextlib.contextmanager
+def placement_defaults(split_mode: Optional[int] = None, main_gpu: Optional[int] = None,
+                       tensor_split: Optional[Sequence[float]] = None) -> Iterator[None]:
+    """Models loaded by this thread inside the block take these placement values unless the
+    caller passes its own (`llama_dflash.Llama` loads its draft this way, on the target's
+    split mode, main GPU and tensor split)."""
+    saved = getattr(_placement_defaults, "value", None)
+    _placement_defaults.value = (split_mode, main_gpu, None if tensor_split is None else tuple(tensor_split))
+    try:
+        yield
+    finally:
+        _placement_defaults.value = saved
+
+
 class Model(_Handle):
     """A loaded GGUF model."""
 
     close_order = 2
 
-    def __init__(self, path: str, n_gpu_layers: int = -1, repack: Optional[bool] = None):
+    def __init__(self, path: str, n_gpu_layers: int = -1, repack: Optional[bool] = None, *,
+                 split_mode: Optional[int] = None, main_gpu: Optional[int] = None,
+                 tensor_split: Optional[Sequence[float]] = None):
         super().__init__()
         ensure_backend()
         params = ll.llama_model_default_params()
-        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
         self.n_gpu_layers = int(n_gpu_layers)  # as asked (-1: all); a draft "auto" follows it
+        d_split, d_main, d_shares = getattr(_placement_defaults, "value", None) or (None, None, None)
+        split_mode = d_split if split_mode is None else split_mode
+        main_gpu = d_main if main_gpu is None else main_gpu
+        tensor_split = d_shares if tensor_split is None else tensor_split
+        if split_mode is not None:
+            params.split_mode = int(split_mode)
+        if main_gpu is not None:
+            params.main_gpu = int(main_gpu)
+        if tensor_split is not None:
+            values = [float(x) for x in tensor_split]
+            n_max = int(ll.llama_max_devices())
+            if len(values) > n_max or any(not x >= 0 for x in values):
+                raise ValueError(f"tensor_split must hold at most {n_max} shares >= 0, not {values}")
+            params.tensor_split = (ctypes.c_float * n_max)(*values)  # params keeps it alive (read at load)
+        self.placement = Placement(int(n_gpu_layers), int(params.split_mode), int(params.main_gpu),
+                                   None if tensor_split is None else tuple(float(x) for x in tensor_split))
         # llama.cpp's AMX weight repacking crashes batched decodes of Q4_1 models (seen with
         # SmolLM2 on Xeon CPUs with AMX), so the default turns it off where AMX is present
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
@@ -143,13 +220,15 @@ class Model(_Handle):
         self._adopt(ptr, path)
 
     @classmethod
-    def borrow(cls, ptr: int, path: str, repack: bool, n_gpu_layers: int = -1) -> "Model":
+    def borrow(cls, ptr: int, path: str, repack: bool, n_gpu_layers: int = -1,
+               placement: Optional[Placement] = None) -> "Model":
         """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's)."""
         self = cls.__new__(cls)
         _Handle.__init__(self)
         self._owned = False
         self.repack = bool(repack)
         self.n_gpu_layers = int(n_gpu_layers)
+        self.placement = placement if placement is not None else Placement(int(n_gpu_layers))
         self._adopt(ptr, path)
         return self
 

@@ -71,6 +71,21 @@ def _check_int(name: str, value: object, minimum: int, maximum: Optional[int] = 
         raise ValueError(f"{name} must be {bound}, not {value}")
 
 
+#: llama.cpp's llama_split_mode values by name
+SPLIT_MODE_NAMES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}
+
+
+def split_mode_value(name: str, value: object) -> int:
+    """A split mode given by name or llama_split_mode value, as the value."""
+    if isinstance(value, str):
+        key = value.strip().lower()
+        if key not in SPLIT_MODE_NAMES:
+            raise ValueError(f"{name} must be one of {', '.join(SPLIT_MODE_NAMES)} or 0..3, not {value!r}")
+        return SPLIT_MODE_NAMES[key]
+    _check_int(name, value, 0, max(SPLIT_MODE_NAMES.values()))
+    return int(value)  # type: ignore[arg-type]
+
+
 def _path_or_none(name: str, value: object) -> Optional[str]:
     if value is None:
         return None
@@ -135,8 +150,15 @@ class SpecConfig:
     # (only where the draft runs on a GPU: on the CPU reading the rows costs less, 2.1 vs 3.1 ms per
     # 5-row block of the default draft, bench/draft_cost.py)
     backend_sampling: bool | str = "auto"
-    # an integer >= -1 (-1: all), "all", or "auto" (as many as the target); see draft_gpu_layers()
-    draft_n_gpu_layers: int | str = -1
+    # an integer >= -1 (-1: all), "all", or "auto" (the default: where the target is -- on the CPU
+    # if the target offloads nothing, else every draft layer on the GPU); see draft_gpu_layers()
+    draft_n_gpu_layers: int | str = "auto"
+    # llama_dflash.Llama: the draft model's split mode ("none", "layer", "row", "tensor" or its
+    # llama_split_mode value) and main GPU; None (the default): the target's, as its tensor_split
+    # (e.g. pin a small draft to one GPU of a multi-GPU target: draft_split_mode="none",
+    # draft_main_gpu=1)
+    draft_split_mode: Optional[int | str] = None
+    draft_main_gpu: Optional[int] = None
     draft_n_threads: Optional[int] = None
     # recurrent/hybrid targets: "auto", "native" (n_rs_seq snapshots) or "checkpoint" (see rewind)
     rollback: str = "auto"
@@ -168,10 +190,13 @@ class SpecConfig:
 
     def draft_gpu_layers(self, target_n_gpu_layers: int) -> int:
         """`draft_n_gpu_layers` as a layer count for llama.cpp: "auto" follows the target's
-        placement (`target_n_gpu_layers`), "all" is -1 (every layer), an integer stays itself."""
+        placement (`target_n_gpu_layers`): 0 (the CPU) where the target offloads no layer, else -1
+        (every draft layer) -- llama.cpp puts a model's output head on the GPU as soon as one layer
+        is offloaded, and the draft reads the target's head through ctx_other on every block.
+        "all" is -1, an integer stays itself."""
         _check_int("target_n_gpu_layers", target_n_gpu_layers, -1)
         if self.draft_n_gpu_layers == "auto":
-            return target_n_gpu_layers
+            return 0 if target_n_gpu_layers == 0 else -1
         if self.draft_n_gpu_layers == "all":
             return -1
         return int(self.draft_n_gpu_layers)
@@ -208,6 +233,10 @@ class SpecConfig:
                                  f"not {self.draft_n_gpu_layers!r}")
         else:
             _check_int("draft_n_gpu_layers", self.draft_n_gpu_layers, -1)
+        if self.draft_split_mode is not None:
+            self.draft_split_mode = split_mode_value("draft_split_mode", self.draft_split_mode)
+        if self.draft_main_gpu is not None:
+            _check_int("draft_main_gpu", self.draft_main_gpu, -1)
         if self.rollback not in ROLLBACK_MODES:
             raise ValueError(f"rollback must be one of {', '.join(ROLLBACK_MODES)}, not {self.rollback!r}")
         if self.draft_n_threads is not None:

@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 import llama_cpp
@@ -43,7 +44,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import _bindings as ext
-from ._llama import Context, Model, cpu_has_amx, set_verbose
+from ._llama import Context, Model, Placement, cpu_has_amx, placement_defaults, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
@@ -57,7 +58,7 @@ from .speculator import Speculator
 from .stats import SpecStats
 from .target import TargetContext
 
-__all__ = ["Llama", "stats_summary"]
+__all__ = ["Llama", "PlacementWarning", "stats_summary", "draft_placement", "placement_warning"]
 
 _SUMMARY_KEYS = (
     "algorithm", "draft_n_max", "drafted", "verified", "accepted", "verification_steps", "rollbacks",
@@ -70,6 +71,52 @@ _NOT_WITH_SPECULATIVE = ("vocab_only", "embedding", "draft_model")
 _SAMPLING_FLOATS = ("top_p", "min_p", "typical_p", "temp", "repeat_penalty", "frequency_penalty",
                     "presence_penalty", "tfs_z", "mirostat_tau", "mirostat_eta")
 _patch_lock = threading.Lock()
+
+
+class PlacementWarning(RuntimeWarning):
+    """The target and the draft model sit on different devices."""
+
+
+def draft_placement(spec: SpecConfig, target: Placement) -> Placement:
+    """Where the draft model goes: `spec.draft_n_gpu_layers` ("auto", the default: the CPU when the
+    target offloads nothing, else every layer), and the target's split mode, main GPU and tensor
+    split unless `spec.draft_split_mode` / `spec.draft_main_gpu` say otherwise."""
+    return Placement(spec.draft_gpu_layers(target.n_gpu_layers),
+                     target.split_mode if spec.draft_split_mode is None else int(spec.draft_split_mode),
+                     target.main_gpu if spec.draft_main_gpu is None else int(spec.draft_main_gpu),
+                     target.tensor_split)
+
+
+def _where(devices: frozenset) -> str:
+    if devices == {"CPU"}:
+        return "the CPU"
+    gpus = sorted(d for d in devices if d != "CPU")
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(str(g) for g in gpus)
+
+
+def placement_warning(target: Placement, draft: Placement, n_gpus: int) -> Optional[str]:
+    """A warning when target and draft would sit on different devices of a machine with `n_gpus`
+    GPUs usable by this build (0: a CPU-only build, where everything runs on the CPU)."""
+    if n_gpus <= 0:
+        return None
+    on_target, on_draft = target.devices(n_gpus), draft.devices(n_gpus)
+    if on_target == on_draft:
+        return None
+    return (f"llama_dflash.Llama: the target model sits on {_where(on_target)} (n_gpu_layers="
+            f"{target.n_gpu_layers}, split_mode={target.split_mode}, main_gpu={target.main_gpu}) but the draft "
+            f"model on {_where(on_draft)} (draft_n_gpu_layers={draft.n_gpu_layers}, split_mode={draft.split_mode}, "
+            f"main_gpu={draft.main_gpu}): the draft reads the target's output head through ctx_other on every "
+            "block, across devices. Let the draft follow the target (SpecConfig(draft_n_gpu_layers='auto'), "
+            "no draft_split_mode/draft_main_gpu) or place the target alike (e.g. n_gpu_layers=-1)")
+
+
+def _gpu_count() -> int:
+    """GPUs this llama.cpp build can offload to (0 on a CPU-only build)."""
+    if not ll.llama_supports_gpu_offload():
+        return 0
+    from .bench.backend import backend_info
+
+    return len(backend_info().gpus)
 
 
 def stats_summary(stats: SpecStats) -> dict[str, Any]:
@@ -174,6 +221,15 @@ class Llama(llama_cpp.Llama):
                                                  speculative.algorithm)
         with _model_params(self._repack):
             super().__init__(model_path, **kwargs)
+        mp = self.model_params
+        shares = getattr(self, "tensor_split", None)
+        #: where the weights went, as passed to llama.cpp: {"target": Placement, "draft": Placement
+        #: or None (no draft model)}
+        self.placement: dict[str, Optional[Placement]] = {
+            "target": Placement(int(mp.n_gpu_layers), int(mp.split_mode), int(mp.main_gpu),
+                                None if shares is None else tuple(float(x) for x in shares)),
+            "draft": None,
+        }
         self.last_stats = SpecStats(algorithm="ordinary")
         self.lock = threading.Lock()
         self._eval_end = 0  # one past the last position of the last decode (its outputs' anchor)
@@ -194,8 +250,9 @@ class Llama(llama_cpp.Llama):
     def _attach(self, spec: SpecConfig) -> None:
         info = self._draft_info
         set_verbose(self.verbose)  # llama.cpp's log goes through our callback from here on
+        on_target = self.placement["target"]
         model = Model.borrow(self._model.model, self.model_path, self._repack,
-                             n_gpu_layers=int(self.model_params.n_gpu_layers))
+                             n_gpu_layers=int(self.model_params.n_gpu_layers), placement=on_target)
         ctx = Context.borrow(model, self._ctx.ctx)
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
@@ -204,7 +261,14 @@ class Llama(llama_cpp.Llama):
         proposer = None
         try:
             if info is not None:
-                proposer = DFlashProposer(info, spec, target, stats)
+                on_draft = draft_placement(spec, on_target)
+                msg = placement_warning(on_target, on_draft, _gpu_count())
+                if msg:
+                    warnings.warn(msg, PlacementWarning, stacklevel=3)
+                # the draft's layer count comes from spec.draft_gpu_layers; the rest from here
+                with placement_defaults(on_draft.split_mode, on_draft.main_gpu, on_draft.tensor_split):
+                    proposer = DFlashProposer(info, spec, target, stats)
+                self.placement["draft"] = proposer.model.placement
             drafting = build_proposer(spec, proposer, draft_type_name(info.algorithm) if info else "draft-dflash")
             if drafting is not proposer:
                 stats.algorithm = drafting.label  # type: ignore[attr-defined]
