@@ -6,21 +6,24 @@ within 2 s, and each refused file ends with exit code 2 and exactly one stderr l
 file and the field.  Bit flips may leave a file valid (then it loads and runs 2 tokens, and must
 exit 0 or refuse it the same way).
 
-The corpus runs in processes forked from this one after the CLI's modules are imported: a fresh
-interpreter costs ~1-2 s per file on this 2-core machine (mostly importing FastAPI for the
-`serve` subcommand's parser), which would make 400+ files take minutes.  `test_cli_subprocess_sample`
-runs one file of every family and role through a real `python -m llama_dflash.cli bench`.
+The corpus runs in processes forked from a fork server (tests/fuzz/forkserver.py), a fresh
+interpreter that has imported the CLI's modules and never touched llama.cpp's backend: this
+pytest process may have initialised CUDA (tests/_equivalence.py asks llama.cpp for its devices),
+and a child forked from it could not use the GPU.  A fresh interpreter per file would cost ~1-2 s
+each on this 2-core machine (mostly importing FastAPI for the `serve` subcommand's parser), which
+would make 400+ files take minutes.  `test_cli_subprocess_sample` runs one file of every family
+and role through a real `python -m llama_dflash.cli bench` (its memory limit set in the child's
+interpreter, not in a preexec hook of this process).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import resource
 import signal
 import subprocess
 import sys
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass
 
@@ -30,6 +33,8 @@ from fuzz.gguf_mutations import Case, corpus
 from llama_dflash.writer import write_random_draft
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks children and reads /proc/self/status")
+
+FORK_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz", "forkserver.py")
 
 TIME_LIMIT_S = 2.0
 EXTRA_MEMORY = 1 << 30  # bytes of address space a child may add to what it inherited
@@ -68,69 +73,26 @@ def _argv(case: Case, path: str, fixtures: dict[str, str]) -> list[str]:
     return ["bench", "--model", target, "--draft-model", draft, *ARGS]
 
 
-def _vm_size() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _child(argv: list[str], err_path: str) -> None:
-    """Runs in the forked process: the CLI's main with stdout dropped and stderr to a file."""
-    code = 70
-    try:
-        err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(err, 2)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False)
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + EXTRA_MEMORY,) * 2)
-        from llama_dflash.cli import main
-
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - report anything as a failure of the case
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
 def run_forked(items: list[tuple[Case, str, list[str]]], workdir: str, parallel: int = 2) -> list[Outcome]:
-    """Each (case, path, argv) in a forked child, `parallel` at a time; children past 5x the time
-    limit are killed (reported as a signal)."""
-    from llama_dflash.cli import build_parser
-
-    build_parser()  # import every subcommand module once, before forking
-    pending, running, done = list(items), {}, []
-    while pending or running:
-        while pending and len(running) < parallel:
-            case, path, argv = pending.pop(0)
-            err = os.path.join(workdir, case.name + ".err")
-            pid = os.fork()
-            if pid == 0:
-                _child(argv, err)
-            running[pid] = (case, path, err, time.perf_counter())
-        time.sleep(0.002)
-        for pid, (case, path, err, t0) in list(running.items()):
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got == 0:
-                if time.perf_counter() - t0 > 5 * TIME_LIMIT_S:
-                    os.kill(pid, signal.SIGKILL)
-                continue
-            secs = time.perf_counter() - t0
-            del running[pid]
-            with open(err, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
-            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-            done.append(Outcome(case, path, code, sig, text, secs))
+    """Each (case, path, argv) in a child of the fork server, `parallel` at a time; children past
+    5x the time limit are killed (reported as a signal)."""
+    errs = {case.name: os.path.join(workdir, case.name.replace("/", "_") + ".err") for case, _, _ in items}
+    jobs = "".join(json.dumps({"name": case.name, "argv": argv, "err": errs[case.name]}) + "\n"
+                   for case, _, argv in items)
+    proc = subprocess.run([sys.executable, FORK_SERVER, "--parallel", str(parallel), "--time-limit",
+                           str(TIME_LIMIT_S), "--extra-memory", str(EXTRA_MEMORY)],
+                          input=jobs, capture_output=True, text=True, timeout=60 + 10 * TIME_LIMIT_S * len(items))
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
+    assert proc.returncode == 0 and lines and lines[0].get("ready"), (proc.returncode, proc.stderr[-2000:])
+    assert lines[0]["backend_initialised"] is False  # the children start with no backend state
+    by_name = {case.name: (case, path) for case, path, _ in items}
+    assert len(by_name) == len(items), "case names must be unique"
+    done = []
+    for r in lines[1:]:
+        case, path = by_name[r["name"]]
+        with open(errs[case.name], encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        done.append(Outcome(case, path, r["code"], r["sig"], text, r["seconds"]))
     return done
 
 
@@ -195,8 +157,10 @@ def test_fuzz_corpus_through_cli(cases, fixtures, tmp_path):
     assert all(o.case.may_load for o in outcomes if o.code == 0), loaded
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+#: the CLI in a fresh interpreter that limits its own address space first (no preexec hook: a
+#: Python callback between fork and exec is unsafe in a process with threads, as CUDA's are)
+LIMITED_CLI = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+               "sys.argv = ['llama-dflash', *sys.argv[1:]]; runpy.run_module('llama_dflash.cli', run_name='__main__')")
 
 
 def test_cli_subprocess_sample(cases, fixtures, tmp_path):
@@ -210,8 +174,8 @@ def test_cli_subprocess_sample(cases, fixtures, tmp_path):
     failures = []
     for c, path in _write(sample, str(tmp_path)):
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "llama_dflash.cli", *_argv(c, path, fixtures)],
-                              capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
+        proc = subprocess.run([sys.executable, "-c", LIMITED_CLI, *_argv(c, path, fixtures)],
+                              capture_output=True, text=True, timeout=120)
         secs = time.perf_counter() - t0
         sig = -proc.returncode if proc.returncode < 0 else None
         o = Outcome(c, path, None if sig else proc.returncode, sig, proc.stderr, 0.0)
