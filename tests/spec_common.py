@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _equivalence import assert_same_tokens
 from conftest import PROMPT_TEXT
 from llama_dflash import OrdinaryDecoding
 from llama_dflash.proposers import ScriptedProposer
@@ -63,7 +64,8 @@ def check_every_accepted_length(eng, prompt, ref, n_max):
         res = eng.generate(prompt, len(ref), ignore_eos=True, controller=Ctl())
     finally:
         eng.use_proposer(eng._dflash)
-    assert res.tokens == ref
+    # exact on the CPU; on a GPU only a near-tie divergence (tests/_equivalence.py)
+    assert_same_tokens(res.tokens, ref, prompt=prompt, config=eng.target.config)
     assert seen == set(range(n_max + 1))
     assert eng.target.pos_max() == eng._dflash.pos_max()
     return res

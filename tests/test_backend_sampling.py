@@ -1,4 +1,9 @@
-"""Backend-side top-k candidate sampling on the draft context, and its CPU fallback."""
+"""Backend-side top-k candidate sampling on the draft context, and its CPU fallback.
+
+`tiny_config` offloads every layer where the build can, so on a GPU build the chain samples on the
+device (`gpu`-marked tests); output is compared with `assert_same_tokens` (exact on the CPU).
+Backend sampling on or off reads the same draft logits, so the blocks must agree on any device.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import warnings
 import pytest
 from llama_cpp import llama_cpp as ll
 
+from _equivalence import assert_same_tokens
 from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
 from llama_dflash.proposers import dflash as proposer_mod
 from llama_dflash.writer import write_random_draft
@@ -44,6 +50,7 @@ def _run(config, draft, prompt, **kw):
         return res, rec.blocks, eng._dflash.backend_sampling_active
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["dflash", "dspark", "d2t"])
 @pytest.mark.parametrize("n_draft", [1, 3, 7])
 @pytest.mark.parametrize("p_min", [0.0, 0.3])
@@ -53,7 +60,7 @@ def test_on_off_identical(tiny_config, drafts, reference, kind, n_draft, p_min):
     for bs in (True, False):
         res, blocks, active = _run(tiny_config, drafts[kind], prompt, draft_n_max=n_draft, draft_p_min=p_min,
                                    backend_sampling=bs)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert active == bs
         assert res.stats.backend_sampling_requested == bs
         assert res.stats.backend_sampling_active == bs
@@ -68,11 +75,13 @@ def test_repeated_runs_identical(tiny_config, drafts, reference):
     with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dspark"], draft_n_max=6, backend_sampling=True)) as eng:
         a = eng.generate(prompt, N_TOKENS, ignore_eos=True)
         b = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert a.tokens == b.tokens == ref
+        assert a.tokens == b.tokens
+        assert_same_tokens(a.tokens, ref, prompt=prompt, config=tiny_config)
         assert a.stats.drafted == b.stats.drafted and a.stats.accepted == b.stats.accepted
         assert a.stats.backend_sampling_active and b.stats.backend_sampling_active
 
 
+@pytest.mark.gpu
 def test_every_accepted_length_with_backend_sampling(tiny_config, drafts, reference):
     prompt, ref = reference
     with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=5, backend_sampling=True)) as eng:
@@ -90,7 +99,8 @@ def test_refused_attach_falls_back_and_logs_once(tiny_config, drafts, reference,
             warnings.simplefilter("error")  # reported once: no second warning
             res2, _, _ = _run(tiny_config, drafts["dspark"], prompt, draft_n_max=4, backend_sampling=True)
     assert not active
-    assert res.tokens == ref and res2.tokens == ref
+    assert res.tokens == res2.tokens
+    assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
     assert res.stats.backend_sampling_requested and not res.stats.backend_sampling_active
     msgs = [r.getMessage() for r in caplog.records if "CPU path" in r.getMessage()]
     assert len(msgs) == 1 and "llama_set_sampler" in msgs[0]
@@ -104,7 +114,7 @@ def test_missing_results_at_run_time_fall_back(tiny_config, drafts, reference, m
                                                          backend_sampling=True)) as eng:
             assert eng._dflash.backend_sampling_active
             res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-            assert res.tokens == ref
+            assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
             assert not eng._dflash.backend_sampling_active
             assert not res.stats.backend_sampling_active
             assert res.stats.drafted > 0
@@ -114,6 +124,7 @@ def test_missing_results_at_run_time_fall_back(tiny_config, drafts, reference, m
     assert off.stats.drafted == res.stats.drafted
 
 
+@pytest.mark.gpu
 def test_chain_detached_and_freed_before_context(tiny_config, drafts, monkeypatch):
     calls = []
     real_set, real_free, real_ctx_free = ll.llama_set_sampler, ll.llama_sampler_free, ll.llama_free
@@ -132,6 +143,7 @@ def test_chain_detached_and_freed_before_context(tiny_config, drafts, monkeypatc
     assert calls.count(("free",)) == 1
 
 
+@pytest.mark.gpu
 def test_closing_the_context_directly_detaches(tiny_config, drafts):
     """Whoever frees the draft context (here: the context handle itself), the chain goes first."""
     with LlamaDFlashDecoding(tiny_config, SpecConfig(drafts["dflash"], draft_n_max=3, backend_sampling=True)) as eng:
@@ -141,6 +153,7 @@ def test_closing_the_context_directly_detaches(tiny_config, drafts):
         assert p._chain is None and not p.backend_sampling_active
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("gpu,ngl,attached", [(False, -1, False), (True, -1, True), (True, 0, False)])
 def test_auto_attaches_only_where_the_draft_runs_on_a_gpu(tiny_config, drafts, reference, monkeypatch,
                                                           fresh_reports, gpu, ngl, attached):
@@ -154,7 +167,7 @@ def test_auto_attaches_only_where_the_draft_runs_on_a_gpu(tiny_config, drafts, r
         res, blocks, active = _run(tiny_config, drafts["dflash"], prompt, draft_n_max=4, draft_n_gpu_layers=ngl)
     assert active is attached
     assert res.stats.backend_sampling_requested and res.stats.backend_sampling_active is attached
-    assert res.tokens == ref
+    assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
     off, off_blocks, _ = _run(tiny_config, drafts["dflash"], prompt, draft_n_max=4, backend_sampling=False)
     assert blocks == off_blocks and res.stats.drafted == off.stats.drafted > 0
 

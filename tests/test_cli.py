@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+from _equivalence import assert_same_tokens
+from llama_dflash import TargetConfig
+from llama_dflash._llama import Model
 from llama_dflash.bench.runner import first_divergence
 
 
@@ -19,10 +22,18 @@ def test_bench_json_contract(tmp_path, tiny_target, tiny_draft):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    for block in ("[ordinary]", "[dflash]", "[comparison: dflash vs ordinary]", "output tokens match : True",
-                  "runs deterministic  : True", "first divergence    : none", "draft rollbacks"):
-        assert block in proc.stdout
     d = json.loads(out.read_text())
+    plain, spec = (d[mode]["runs"][0]["output_tokens"] for mode in ("ordinary", "speculative"))
+    same = plain == spec
+    for block in ("[ordinary]", "[dflash]", "[comparison: dflash vs ordinary]", f"output tokens match : {same}",
+                  "runs deterministic  : True", "first divergence    : " + ("none" if same else ""), "draft rollbacks"):
+        assert block in proc.stdout
+    # the bench offloads every layer where it can: exact on the CPU, on a GPU as the hardware promises
+    with Model(tiny_target, n_gpu_layers=0) as m:
+        prompt = m.tokenize("the and is")
+    assert len(prompt) == d["settings"]["prompt_tokens"]
+    assert_same_tokens(spec, plain, prompt=prompt, config=TargetConfig(tiny_target, n_ctx=256, n_batch=64, n_ubatch=64),
+                       what="bench speculative output")
     for mode in ("ordinary", "speculative"):
         assert len(d[mode]["runs"]) == 2
         for run in d[mode]["runs"]:
@@ -34,8 +45,8 @@ def test_bench_json_contract(tmp_path, tiny_target, tiny_draft):
     assert s["verification_steps"] > 0 and s["drafted"] == s["verified"]
     assert s["generated_tokens"] == 48
     c = d["comparison"]
-    assert c["output_tokens_match"] is True and c["runs_deterministic"] is True
-    assert c["first_divergence"] is None
+    assert c["output_tokens_match"] is same and c["runs_deterministic"] is True
+    assert c["first_divergence"] == first_divergence(plain, spec)
     ratio = d["speculative"]["aggregate_tokens_per_second"] / d["ordinary"]["aggregate_tokens_per_second"]
     assert abs(c["speedup"] - ratio) < 1e-9
 

@@ -16,6 +16,7 @@ from llama_cpp import llama_cpp as ll
 
 from dflash2_fixture import write_dflash2_draft
 from hf_converter import convert, hf_converter  # noqa: F401  (fixture)
+from _equivalence import assert_same_tokens
 from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
 from llama_dflash import _bindings as ext
 from llama_dflash.generate import prefill
@@ -186,11 +187,12 @@ def test_greedy_output_matches_ordinary(tiny_config, dflash2_draft, reference, n
     prompt, ref = reference
     with _engine(tiny_config, dflash2_draft, draft_n_max=n_draft) as eng:
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert res.stats.drafted > 0 and res.stats.draft_steps > 0
         assert eng.target.pos_max() == eng._dflash.pos_max()
     with _engine(tiny_config, dflash2_draft, draft_n_max="auto") as eng:
-        assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
+        assert_same_tokens(eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens, ref,
+                           prompt=prompt, config=tiny_config)
 
 
 def test_every_accepted_length(tiny_config, dflash2_draft, reference):
@@ -225,7 +227,8 @@ def test_algorithm_dflash2_names_the_file_kind(dflash2_draft, tiny_draft, tiny_t
         validate_pair(read_gguf(tiny_target), read_gguf(tiny_draft), "dflash2")
     prompt, ref = reference
     with _engine(tiny_config, dflash2_draft, algorithm="dflash2", draft_n_max=3) as eng:
-        assert eng.generate(prompt, len(ref), ignore_eos=True).tokens == ref
+        assert_same_tokens(eng.generate(prompt, len(ref), ignore_eos=True).tokens, ref,
+                           prompt=prompt, config=tiny_config)
 
 
 def test_example_takes_algorithm_dflash2(dflash2_draft, tiny_draft, tiny_target):

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+from _equivalence import assert_same_tokens
 from llama_dflash import LlamaDFlashDecoding, SpecConfig
 from llama_dflash.errors import IncompatibleModelError
 from llama_dflash.writer import write_random_draft
@@ -55,12 +56,12 @@ def test_greedy_output_matches_ordinary(tiny_config, dspark_drafts, reference, v
     with _engine(tiny_config, dspark_drafts[variant], draft_n_max=n_draft) as eng:
         assert eng.algorithm == "dspark"
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert res.stats.algorithm == "dspark"
         assert res.stats.drafted > 0
         assert eng.target.pos_max() == eng._dflash.pos_max()
         again = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert again.tokens == ref and again.stats.drafted == res.stats.drafted
+        assert again.tokens == res.tokens and again.stats.drafted == res.stats.drafted  # same batches
 
 
 def test_detection_and_forced_algorithm(tiny_config, dspark_drafts, tiny_draft):
@@ -103,7 +104,7 @@ def test_block_never_exceeds_block_size(tiny_config, dspark_drafts, reference):
         rec = Recorder(eng._dflash)
         eng.use_proposer(rec)
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert max(len(b) for b in rec.blocks) == BLOCK
 
 
@@ -188,7 +189,7 @@ def test_confidence_cut(tiny_config, dspark_drafts, reference):
             assert p.propose(id_last, n_past, BLOCK) == toks
         p.p_min = sorted(cuts)[len(cuts) // 2]
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert 0 < res.stats.drafted
         assert eng.target.pos_max() == eng._dflash.pos_max()
 
@@ -218,7 +219,7 @@ def test_p_min_one_keeps_saturated_slots(tiny_config, dspark_drafts, reference):
         greedy = [int(np.argmax(rows[i])) for i in range(BLOCK)]
         assert p.propose(id_last, n_past, BLOCK) == greedy[:expect]
         res = eng.generate(prompt, N_TOKENS, ignore_eos=True)
-        assert res.tokens == ref
+        assert_same_tokens(res.tokens, ref, prompt=prompt, config=tiny_config)
         assert res.stats.drafted > 0
         assert eng.target.pos_max() == eng._dflash.pos_max()
 
@@ -242,7 +243,8 @@ def test_missing_confidences_skip_the_filter(tiny_config, dspark_drafts, referen
         assert ext is proposer_mod.ext
         p.p_min = 0.999999
         assert p.propose(id_last, n_past, BLOCK) == unfiltered
-        assert eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens == ref
+        assert_same_tokens(eng.generate(prompt, N_TOKENS, ignore_eos=True).tokens, ref,
+                           prompt=prompt, config=tiny_config)
 
 
 def test_p_min_without_confidence_head_is_clear_error(tiny_config, dspark_drafts):

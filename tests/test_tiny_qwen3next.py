@@ -1,6 +1,6 @@
 """The tiny random qwen3next fixture: a hybrid target (gated delta net + full attention, MoE)
 that llama.cpp loads on CPU, with no native partial rollback but a usable partial-state
-checkpoint."""
+checkpoint (in host memory and kept on the device; the model offloads where the build can)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import llama_cpp.llama_cpp as ll
 import numpy as np
 import pytest
 
+from _equivalence import DEVICE_LAYERS
 from llama_dflash._llama import Model
 from llama_dflash.config import TargetConfig
 from llama_dflash.engine import OrdinaryDecoding
@@ -20,6 +21,7 @@ from llama_dflash.tiny_qwen3next import recurrent_layers, write_tiny_qwen3next
 
 N_EMBD = 64
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+ON_DEVICE = 2  # LLAMA_STATE_SEQ_FLAGS_ON_DEVICE
 TOKENS = [1, 279, 293, 290, 276, 306, 294, 288]  # "<s>" + word pieces
 
 
@@ -30,12 +32,12 @@ def q3n_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def q3n_config(q3n_path):
-    return TargetConfig(q3n_path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    return TargetConfig(q3n_path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, n_gpu_layers=DEVICE_LAYERS)
 
 
 @pytest.fixture(scope="module")
 def q3n_model(q3n_path):
-    m = Model(q3n_path, n_gpu_layers=0, repack=None)
+    m = Model(q3n_path, n_gpu_layers=DEVICE_LAYERS, repack=None)
     yield m
     m.close()
 
@@ -96,9 +98,21 @@ def test_no_native_partial_rollback(q3n_target):
     assert t.pos_max() == 2
 
 
-def test_partial_state_checkpoint_restores(q3n_target):
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", [PARTIAL_ONLY, PARTIAL_ONLY | ON_DEVICE], ids=["host", "on_device"])
+def test_partial_state_checkpoint_restores(q3n_target, flags):
+    """A checkpoint taken with `flags` (ON_DEVICE: kept in the device's buffers, the host buffer holds
+    only a header; a later get with the flag would invalidate it) restores the recurrent state:
+    host snapshots before, after the detour and after the restore say so byte for byte."""
     t = q3n_target
     ctx = t.ctx.ptr
+
+    def host_state() -> bytes:
+        n = ll.llama_state_seq_get_size_ext(ctx, 0, PARTIAL_ONLY)
+        out = (ctypes.c_uint8 * n)()
+        assert ll.llama_state_seq_get_data_ext(ctx, out, n, 0, PARTIAL_ONLY) == n
+        return bytes(out)
+
     # reference: positions 0..4, then TOKENS[5] at position 5
     t.decode(TOKENS[:5], 0, logits="none")
     t.decode([TOKENS[5]], 5, logits="last")
@@ -106,16 +120,16 @@ def test_partial_state_checkpoint_restores(q3n_target):
     t.clear()
 
     t.decode(TOKENS[:5], 0, logits="none")
-    size = ll.llama_state_seq_get_size_ext(ctx, 0, PARTIAL_ONLY)
+    size = ll.llama_state_seq_get_size_ext(ctx, 0, flags)
     assert size > 0
     buf = (ctypes.c_uint8 * size)()
-    assert ll.llama_state_seq_get_data_ext(ctx, buf, size, 0, PARTIAL_ONLY) == size
+    assert ll.llama_state_seq_get_data_ext(ctx, buf, size, 0, flags) == size
+    before = host_state()
     t.decode([7, 8, 9], 5, logits="last")  # the detour: three other tokens at 5..7
     assert t.pos_max() == 7
-    moved = (ctypes.c_uint8 * size)()
-    assert ll.llama_state_seq_get_data_ext(ctx, moved, size, 0, PARTIAL_ONLY) == size
-    assert bytes(moved) != bytes(buf)  # the detour did change the recurrent state
-    assert ll.llama_state_seq_set_data_ext(ctx, buf, size, 0, PARTIAL_ONLY) == size
+    assert host_state() != before  # the detour did change the recurrent state
+    assert ll.llama_state_seq_set_data_ext(ctx, buf, size, 0, flags) == size
+    assert host_state() == before
     assert t.seq_rm(5) is True  # only attention KV beyond position 4 is left to cut
     assert t.pos_max() == 4
     t.decode([TOKENS[5]], 5, logits="last")

@@ -4,7 +4,9 @@ Every test builds the reference (`llama_cpp.Llama`) and ours with the same argum
 with no draft, with a random draft, and with a scripted draft whose proposals are the reference's
 own continuation (so verification batches accept and reject) -- and compares tokens, texts and
 object state.  The tiny random fixture is F32, where llama.cpp's logits do not depend on the batch
-shape, so even sampled (T > 0) outputs must be identical token for token.
+shape, so even sampled (T > 0) outputs must be identical token for token.  Those comparisons run
+with llama_cpp.Llama's n_gpu_layers=0, on the CPU on any build; the `gpu`-marked tests offload
+(`DEVICE_LAYERS`) and compare with `assert_same_tokens`, exact where the backend promises it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from _equivalence import DEVICE_LAYERS, assert_same_tokens
 from llama_dflash import SpecConfig
 from llama_dflash.highlevel import Llama
 from llama_dflash.proposers import ScriptedProposer
@@ -72,6 +75,42 @@ def pair(tiny_target, tiny_draft):
     ref, ours = _variants(tiny_target, tiny_draft)
     yield ref, ours
     _close(ref, ours)
+
+
+# ---- offload: the draft follows the target ------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_offloaded_pair_matches_llama_cpp(tiny_target, tiny_draft, temp):
+    """n_gpu_layers=DEVICE_LAYERS (every layer on a GPU build, none on a CPU one) on both: ours
+    without a draft is llama_cpp.Llama exactly; with the random and the oracle draft (the draft
+    placed where the target is) it is too, on the CPU, and on a GPU as the hardware promises."""
+    kw = {**KW, "n_gpu_layers": DEVICE_LAYERS}
+    ref = llama_cpp.Llama(tiny_target, **kw)
+    prompt = ref.tokenize(PROMPT.encode())
+
+    def run(llm, n=40):
+        llm.set_seed(7)
+        g = llm.generate(prompt, temp=temp)
+        out = [next(g) for _ in range(n)]
+        g.close()
+        return out
+
+    expected = run(ref)
+    none = Llama(tiny_target, **kw)
+    rand = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **kw)
+    oracle = Llama(tiny_target, speculative=SpecConfig(tiny_draft, draft_n_max=4), **kw)
+    oracle.speculator.use_proposer(ScriptedProposer(oracle.speculator.draft,
+                                                    Oracle(prompt + run(ref, 64), ref.n_vocab())))
+    try:
+        assert run(none) == expected  # no draft: llama_cpp.Llama's own decoding
+        for llm in (rand, oracle):
+            assert llm.placement["draft"].n_gpu_layers == (0 if DEVICE_LAYERS == 0 else -1)
+            assert_same_tokens(run(llm), expected, prompt=prompt, model=tiny_target, n_gpu_layers=DEVICE_LAYERS,
+                               temperature=temp, ignore_eos=False, what=f"drop-in, draft {llm.speculative}")
+        if temp == 0:
+            assert oracle.speculator.stats.accepted > 0  # verification batches really accepted drafts
+    finally:
+        _close(ref, none, rand, oracle)
 
 
 # ---- constructor arguments ----------------------------------------------------------------------
@@ -289,9 +328,11 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 
+@pytest.mark.gpu
 def test_verbose_false_prints_nothing(tiny_target, tiny_draft):
     code = (f"from llama_dflash import Llama, SpecConfig\n"
-            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}), n_ctx=128, verbose=False)\n"
+            f"llm = Llama({tiny_target!r}, speculative=SpecConfig({tiny_draft!r}), n_ctx=128, verbose=False,\n"
+            f"            n_gpu_layers={DEVICE_LAYERS})\n"  # offloaded (target and draft) where the build can
             f"llm.create_completion('the dog', max_tokens=4, temperature=0)\n"
             f"llm.close()\n")
     proc = _run(code)
@@ -358,6 +399,7 @@ def test_bad_token_in_a_later_chunk_leaves_the_cache_right(tiny_target, tiny_dra
         _close(ref, llm)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["lfm2", "qwen3next"])
 def test_hybrid_targets_roll_back_through_checkpoints(tiny_dir, arch):
     """Recurrent/hybrid targets: the reference's cut fails, our eval restores checkpoints."""
