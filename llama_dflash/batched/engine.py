@@ -176,6 +176,29 @@ class Sequence_:
                 return
             yield item
 
+    def next_token(self, timeout: Optional[float] = None) -> Optional[int]:
+        """The next emitted token; None when none came within `timeout` seconds; -1 at the end
+        (raises the sequence's error there)."""
+        with self._cond:
+            if not self._queue and not self._cond.wait_for(lambda: bool(self._queue), timeout):
+                return None
+            item = self._queue[0]
+            if item is not _DONE:
+                self._queue.popleft()
+        if item is _DONE:
+            if self.error is not None:
+                raise self.error
+            return -1
+        return item
+
+    def summary(self) -> dict[str, Any]:
+        """`stats.summary()`, timed up to now while the sequence still runs."""
+        out = self.stats.summary()
+        if self.finish_reason is None and self._started:
+            out["total_seconds"] = elapsed = time.perf_counter() - self._started
+            out["tokens_per_second"] = self.stats.generated_tokens / elapsed if elapsed > 0 else 0.0
+        return out
+
     # ---- the engine's side ------------------------------------------------------------------------------
     def _emit(self, tok: int) -> None:
         self.output.append(tok)

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import APIError, error_body
 from .guard import RequestGuard
+from .batched import batchable
 from .runner import Job, ModelRunner, RequestStopped
 from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
 
@@ -98,7 +99,8 @@ class Metrics:
         with self._lock:
             self.errors += 1
 
-    def render(self, algorithm: str) -> str:
+    def render(self, algorithm: str, extra: Collection[tuple[str, str, str, float]] = ()) -> str:
+        """The counters (and `extra` rows: name, kind, help, value) in Prometheus text format."""
         with self._lock:
             acc = self.accepted / self.verified if self.verified else 0.0
             mal = self.accepted / self.verification_steps if self.verification_steps else 0.0
@@ -123,6 +125,7 @@ class Metrics:
                  "tau: tokens per verification step (accepted drafts + the target's token)",
                  1.0 + mal if self.verification_steps else 0.0),
                 ("tokens_per_second", "gauge", "Generated tokens per generation second", tps),
+                *extra,
             ]
         out = []
         for name, kind, help_text, value in rows:
@@ -215,7 +218,7 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
                allowed_hosts: Optional[Collection[str]] = None, max_body_bytes: int = 1 << 20,
                max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP, max_queue: int = 16,
                request_timeout: float = 300.0, send_timeout: float = 30.0,
-               close_model_on_shutdown: bool = False) -> FastAPI:
+               close_model_on_shutdown: bool = False, engine: Any = None) -> FastAPI:
     """The app serving one `llama_dflash.highlevel.Llama` (anything with its methods works).
 
     `allowed_hosts`: Host header values accepted (None: any; see `guard.loopback_hosts`);
@@ -223,29 +226,46 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     `max_queue`: requests that may wait while one runs (more get 503); `request_timeout`: seconds
     from arrival to the end of the reply; `send_timeout`: seconds a stream waits on a slow client.
     `close_model_on_shutdown`: close `llm` when the app shuts down, after the step in progress
-    (`app.state.runner.close()` does the same for a caller that owns the model)."""
+    (`app.state.runner.close()` does the same for a caller that owns the model).
+    `engine`: a `llama_dflash.batched.BatchedEngine` on `llm`'s model (`--parallel N`): requests it
+    can serve are decoded together on it (`server.batched`), the others (grammar, logprobs,
+    logit_bias) one at a time on `llm`; `max_queue` requests may then wait while the engine's slots
+    run.  The app closes the engine when it closes the model, or with `app.state.batched.close()`."""
     if max_tokens_cap < 1:
         raise ValueError("max_tokens_cap must be >= 1")
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key must not be empty")
     runner = ModelRunner(llm, max_queue=max_queue, request_timeout=request_timeout)
+    batched = None
+    if engine is not None:
+        from .batched import BatchedRunner
+
+        batched = BatchedRunner(llm, engine, max_queue=max_queue, request_timeout=request_timeout)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
         runner.begin_shutdown()
+        if batched is not None:
+            batched.begin_shutdown()
         if close_model_on_shutdown:
+            if batched is not None:  # the engine borrows the model: it goes first
+                await asyncio.to_thread(batched.close)
             await asyncio.to_thread(runner.close)
 
     app = FastAPI(title="llama-dflash", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics = Metrics()
-    engine = getattr(llm, "engine", None)
-    algorithm = "ordinary" if getattr(llm, "speculative", None) is None else getattr(engine, "algorithm", "dflash")
+    single_engine = getattr(llm, "engine", None)
+    algorithm = "ordinary" if getattr(llm, "speculative", None) is None else \
+        getattr(single_engine, "algorithm", "dflash")
+    if batched is not None:
+        algorithm = batched.engine.algorithm
     model_id = model_alias or Path(str(getattr(llm, "model_path", "model"))).name
     limits = Limits(n_vocab=int(llm.n_vocab()), max_tokens_cap=max_tokens_cap, n_ctx=int(llm.n_ctx()))
     app.state.metrics = metrics
     app.state.llm = llm
     app.state.runner = runner
+    app.state.batched = batched
     app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
@@ -278,18 +298,21 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             from llama_cpp import LlamaGrammar
 
             kwargs["grammar"] = LlamaGrammar.from_string(req.grammar, verbose=False)
-        job = await runner.acquire(generate_nothing=kwargs["max_tokens"] == 0)
+        use = runner
+        if batched is not None and batchable(kwargs) is None:
+            use = batched
+        job = await use.acquire(generate_nothing=kwargs["max_tokens"] == 0)
         handed_over = False
         try:
             if await request.is_disconnected():  # gone while waiting in the queue: nothing to do
                 return Response(status_code=499)
             if req.stream:
-                first = await runner.start_stream(job, fn, kwargs)
+                first = await use.start_stream(job, fn, kwargs)
                 handed_over = True
-                return EventStream(runner, job, first, encode_chunk, metrics.error, send_timeout)
+                return EventStream(use, job, first, encode_chunk, metrics.error, send_timeout)
             watcher = asyncio.create_task(_wait_disconnect(request.receive, job))
             try:
-                result = await runner.call(job, fn, kwargs)
+                result = await use.call(job, fn, kwargs)
             finally:
                 watcher.cancel()
         except Exception as exc:
@@ -300,7 +323,7 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             raise err from None
         finally:
             if not handed_over:
-                runner.release(job)
+                use.release(job)
         metrics.record(result.get("speculative", {}))
         result["model"] = model_id
         return _json_response(result)
@@ -325,6 +348,22 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
 
     @app.get("/metrics")
     async def prom():
-        return PlainTextResponse(metrics.render(algorithm), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(algorithm, batch_rows()), media_type="text/plain; version=0.0.4")
+
+    def batch_rows() -> list[tuple[str, str, str, float]]:
+        if batched is None:
+            return []
+        st = batched.engine.stats()
+        return [
+            ("batch_slots", "gauge", "Sequences the batched engine decodes together (--parallel)", st["n_seq"]),
+            ("batch_active_sequences", "gauge", "Sequences in the engine's slots now (batch occupancy)",
+             st["active"]),
+            ("batch_occupancy", "gauge", "Active sequences / slots now", st["active"] / st["n_seq"]),
+            ("queue_length", "gauge", "Requests waiting for a slot", st["waiting"]),
+            ("batch_steps_total", "counter", "Decodes of the batched engine", st["steps"]),
+            ("batch_rows_total", "counter", "Rows those decodes carried", st["rows_decoded"]),
+            ("batch_mean_sequences", "gauge", "Mean sequences per decode (occupancy over the run)",
+             st["mean_batch_sequences"]),
+        ]
 
     return app

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 from ..bench.cli import add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
 from .app import DEFAULT_MAX_TOKENS_CAP
@@ -62,9 +62,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds a stream waits on a client that stopped reading (default %(default)s)")
     parser.add_argument("--max-body-bytes", type=_positive(int), default=1 << 20,
                         help="largest request body; larger gets 413 (default %(default)s)")
-    parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--parallel", "-np", type=_positive(int), default=1,
+                        help="requests decoded together (llama-server's -np): with N > 1 a batched engine holds "
+                             "N slots of --n-ctx each in one context and puts every running request's rows in one "
+                             "decode per step (continuous batching); requests with a grammar, logprobs or "
+                             "logit_bias are served one at a time beside it (default %(default)s)")
+    parser.add_argument("--n-ctx", type=int, default=2048, help="context of each request (each slot with --parallel)")
     parser.add_argument("--n-batch", type=int, default=512)
-    parser.add_argument("--n-threads", type=int, default=None)
+    parser.add_argument("--n-threads", type=int, default=None,
+                        help="threads (default: the physical cores, llama.cpp's default)")
     parser.add_argument("--n-gpu-layers", type=int, default=-1)
     parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
                         help="flash attention (default on): a verification batch then computes exactly what "
@@ -100,9 +106,21 @@ def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
                       rollback=args.rollback, **spec_options(args))
 
 
+def batched_engine(llm: Any, args: argparse.Namespace, spec: Any, threads: int) -> Any:
+    """The `--parallel N` engine on `llm`'s model (borrowed: `llm` keeps owning it)."""
+    from .._llama import Model
+    from ..batched import BatchedEngine
+
+    model = Model.borrow(llm._model.model, llm.model_path, getattr(llm, "_repack", False),
+                         n_gpu_layers=int(llm.model_params.n_gpu_layers))
+    return BatchedEngine(model, n_seq=args.parallel, n_ctx_seq=args.n_ctx, n_batch=args.n_batch, n_threads=threads,
+                         flash_attn=args.flash_attn, spec=spec if spec is not None and spec.spec_types else None)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from ..batched.engine import physical_cores
     from ..defaults import smollm2_path
     from ..highlevel import Llama
     from .app import create_app
@@ -112,32 +130,46 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--api-key must not be empty (omit it to serve without a key on loopback)")
     model = args.model or smollm2_path()
     spec = build_spec(args, model)
+    if args.parallel > 1 and spec is not None and (spec.uses_draft_model or "auto" in spec.spec_types):
+        raise ValueError(f"--parallel {args.parallel} drafts with the n-gram types and lookup only "
+                         f"(--spec-type {','.join(spec.spec_types)} needs a draft model, which is not batched yet): "
+                         "serve the draft with --parallel 1, or pick --spec-type ngram-simple, lookup, ...")
+    threads = args.n_threads or physical_cores()
     llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
+                n_threads=threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 flash_attn=args.flash_attn == "on",
                 verbose=args.verbose)
     loopback = args.host in LOOPBACK
+    engine = None
     try:
+        if args.parallel > 1:
+            engine = batched_engine(llm, args, spec, threads)
         app = create_app(llm, api_key=args.api_key, model_alias=args.model_alias,
                          allowed_hosts=loopback_hosts(args.port) if loopback else None,
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
                          max_queue=args.max_queue, request_timeout=args.request_timeout,
-                         send_timeout=args.send_timeout, close_model_on_shutdown=True)
+                         send_timeout=args.send_timeout, close_model_on_shutdown=True, engine=engine)
     except BaseException:
+        if engine is not None:
+            engine.close()
         llm.close()
         raise
     runner = app.state.runner
+    batched = app.state.batched
     if not loopback and not args.api_key:
         sys.stderr.write(f"warning: serving on {args.host} without --api-key\n")
     kind = f"speculative ({','.join(spec.spec_types)})" if spec is not None and spec.spec_type is not None else \
         "speculative" if spec is not None else "ordinary"
+    slots = f", {args.parallel} slots of {engine.n_ctx_seq} tokens" if engine is not None else ""
     sys.stderr.write(f"llama-dflash serve: {kind} decoding of {os.path.basename(model)} "
-                     f"on http://{args.host}:{args.port}\n")
+                     f"on http://{args.host}:{args.port} ({threads} threads{slots})\n")
     sys.stderr.flush()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # signal handler: stop generations at the next token
             runner.begin_shutdown()
+            if batched is not None:
+                batched.begin_shutdown()
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
@@ -145,5 +177,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         Server(config).run()
     finally:
+        if batched is not None:
+            batched.close()  # the engine borrows the model: before the model
         runner.close()  # after the step in progress (a no-op if the app's shutdown did it)
     return 0
