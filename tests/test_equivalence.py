@@ -11,6 +11,8 @@ import _equivalence as eq
 from conftest import PROMPT_TEXT
 from llama_dflash import OrdinaryDecoding, TargetConfig
 
+pytestmark = pytest.mark.gpu  # the helper itself on the build's devices
+
 N = 32
 
 

@@ -11,9 +11,12 @@ interpreter that has imported the CLI's modules and never touched llama.cpp's ba
 pytest process may have initialised CUDA (tests/_equivalence.py asks llama.cpp for its devices),
 and a child forked from it could not use the GPU.  A fresh interpreter per file would cost ~1-2 s
 each on this 2-core machine (mostly importing FastAPI for the `serve` subcommand's parser), which
-would make 400+ files take minutes.  `test_cli_subprocess_sample` runs one file of every family
-and role through a real `python -m llama_dflash.cli bench` (its memory limit set in the child's
-interpreter, not in a preexec hook of this process).
+would make 400+ files take minutes.  The fork server sees no GPU (CUDA_VISIBLE_DEVICES and
+HIP_VISIBLE_DEVICES empty): on a GPU build each child would otherwise initialise the device within
+its 2 s, and reading a malformed file is the same on any device.  `test_cli_subprocess_sample` runs
+one file of every family and role through a real `python -m llama_dflash.cli bench` with the
+build's devices visible (its memory limit set in the child's interpreter, not in a preexec hook of
+this process).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from llama_dflash.writer import write_random_draft
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forks children and reads /proc/self/status")
 
+NO_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
 FORK_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz", "forkserver.py")
 
 TIME_LIMIT_S = 2.0
@@ -81,7 +85,8 @@ def run_forked(items: list[tuple[Case, str, list[str]]], workdir: str, parallel:
                    for case, _, argv in items)
     proc = subprocess.run([sys.executable, FORK_SERVER, "--parallel", str(parallel), "--time-limit",
                            str(TIME_LIMIT_S), "--extra-memory", str(EXTRA_MEMORY)],
-                          input=jobs, capture_output=True, text=True, timeout=60 + 10 * TIME_LIMIT_S * len(items))
+                          input=jobs, capture_output=True, text=True, timeout=60 + 10 * TIME_LIMIT_S * len(items),
+                          env={**os.environ, **NO_GPU})
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.strip()]
     assert proc.returncode == 0 and lines and lines[0].get("ready"), (proc.returncode, proc.stderr[-2000:])
     assert lines[0]["backend_initialised"] is False  # the children start with no backend state
