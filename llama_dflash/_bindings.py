@@ -18,6 +18,7 @@ __all__ = [
     "MissingSymbolError",
     "llama_set_embeddings_layer_inp",
     "llama_get_embeddings_layer_inp",
+    "llama_get_embeddings_layer_inp_addr",
     "llama_model_target_layer_ids",
     "llama_model_target_layer_ids_n",
     "llama_model_dflash_selector_top_k",
@@ -59,8 +60,13 @@ class _ExtFunction:
         if self._fn is None:
             lib = _ll._lib
             for symbol in self.symbols:
-                fn = getattr(lib, symbol, None)
-                if fn is not None:
+                try:
+                    # item access makes a function object of our own (attribute access shares
+                    # one per symbol, whose restype another binding of the symbol would change)
+                    fn = lib[symbol]
+                except AttributeError:
+                    continue
+                else:
                     fn.argtypes = self.argtypes
                     fn.restype = self.restype
                     self._fn = fn
@@ -95,6 +101,14 @@ llama_get_embeddings_layer_inp = _ExtFunction(
     ),
     [_ctx_p, ctypes.c_uint32],
     _float_p,
+)
+
+# the same, returning the address as an int (None for NULL): the hot path views it without a cast
+llama_get_embeddings_layer_inp_addr = _ExtFunction(
+    "llama_get_embeddings_layer_inp",
+    llama_get_embeddings_layer_inp.symbols[1:],
+    [ctypes.c_void_p, ctypes.c_uint32],
+    ctypes.c_void_p,
 )
 
 # const int32_t * llama_model_target_layer_ids(const llama_model *)
@@ -165,6 +179,7 @@ llama_get_embeddings_nextn_ith = _ExtFunction(
 _ALL = (
     llama_set_embeddings_layer_inp,
     llama_get_embeddings_layer_inp,
+    llama_get_embeddings_layer_inp_addr,
     llama_model_target_layer_ids,
     llama_model_target_layer_ids_n,
     llama_model_dflash_selector_top_k,

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
+from ._batch import logits_ith_addr
 from ._llama import _Handle
 from .target import float_view
 
@@ -145,9 +146,9 @@ class Sampler(_Handle):
         """Sample batch row i of the context's last decode and accept it into the chain."""
         chain = self.ptr  # RuntimeError once closed
         if self._argmax:
-            ptr = ll.llama_get_logits_ith(ctx, i)
-            if ptr:
-                tok = int(np.argmax(float_view(ptr, (self._n_vocab,))))
+            addr = logits_ith_addr(ctx, i)
+            if addr:
+                tok = int(float_view(addr, (self._n_vocab,)).argmax())
                 if tok not in self._banned:
                     return tok
         return int(ll.llama_sampler_sample(chain, ctx, i))

@@ -11,7 +11,8 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import _bindings as ext
-from ._llama import BatchExt, Context, Model
+from ._batch import TokenBatch, logits_addr, logits_ith_addr
+from ._llama import Context, Model
 from .config import TargetConfig
 from .errors import LlamaCallError
 
@@ -27,13 +28,14 @@ FLASH_ATTN_TYPES = {
 _views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
 
-def float_view(ptr: "ctypes._Pointer[ctypes.c_float]", shape: tuple[int, ...]) -> np.ndarray:
-    """A zero-copy numpy view of `shape` floats at a pointer llama.cpp just returned.
+def float_view(ptr: "int | ctypes._Pointer[ctypes.c_float]", shape: tuple[int, ...]) -> np.ndarray:
+    """A zero-copy numpy view of `shape` floats at an address (an int, or a ctypes pointer)
+    llama.cpp just returned.
 
     np.ctypeslib.as_array costs ~15 us a call, several times per step; llama.cpp hands out the
     same few addresses (its output buffers) again and again, so views are kept per address.
     """
-    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    addr = ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
     key = (addr, shape)
     view = _views.get(key)
     if view is None:
@@ -82,12 +84,13 @@ class TargetContext:
             params.no_perf = True
             ctx = Context(model, params)
         self.ctx = ctx
-        self.batch = BatchExt(self.ctx)
+        self.batch = TokenBatch(self.ctx.n_batch)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self.extract_layers = tuple(int(x) for x in extract_layers)
         for lid in self.extract_layers:
             ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, True)
+        self._layer_inp = ext.llama_get_embeddings_layer_inp_addr.resolve()
         self._n_rows = 0  # rows of the last decode
 
     @property
@@ -95,12 +98,11 @@ class TargetContext:
         return self.ctx.n_ctx
 
     def close(self) -> None:
-        self.batch.close()
         self.ctx.close()
 
     # ---- decoding ---------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], pos0: int, logits: str = "last") -> None:
-        """Decode `tokens` at positions pos0.. in one llama_process call.
+        """Decode `tokens` at positions pos0.. in one llama_decode call (see `_batch`).
 
         logits: "none", "last" or "all" rows.  Raises LlamaCallError if llama.cpp refuses.
         """
@@ -109,26 +111,22 @@ class TargetContext:
             raise ValueError("decode needs at least one token")
         if n > self.ctx.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch {self.ctx.n_batch}")
-        b = self.batch
-        b.clear()
-        want_all = logits == "all"
-        for i, tok in enumerate(tokens):
-            b.add_token(tok, pos0 + i, want_all or (logits == "last" and i == n - 1))
-        rc = b.process()
+        self.batch.set(tokens, pos0, logits)
+        rc = self.batch.decode(self.ctx.ptr)
         if rc != 0:
-            raise LlamaCallError(f"target decode of {n} tokens at position {pos0} failed (llama_process returned {rc})")
+            raise LlamaCallError(f"target decode of {n} tokens at position {pos0} failed (llama_decode returned {rc})")
         self._n_rows = n
 
     def logits_rows(self, n: int) -> np.ndarray:
         """A zero-copy [n, n_vocab] view of the first n output rows of the last decode."""
-        ptr = ll.llama_get_logits(self.ctx.ptr)
+        ptr = logits_addr(self.ctx.ptr)
         if not ptr:
             raise LlamaCallError("the last decode produced no logits")
         return float_view(ptr, (n, self.n_vocab))
 
     def logits_row(self, i: int) -> np.ndarray:
         """A zero-copy view of the logits of batch row i of the last decode."""
-        ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
+        ptr = logits_ith_addr(self.ctx.ptr, i)
         if not ptr:
             raise LlamaCallError(f"no logits for batch row {i}")
         return float_view(ptr, (self.n_vocab,))
@@ -139,7 +137,7 @@ class TargetContext:
         n, e = self._n_rows if n_rows is None else min(n_rows, self._n_rows), self.n_embd
         out = np.empty((n, len(self.extract_layers) * e), dtype=np.float32)
         for k, lid in enumerate(self.extract_layers):
-            ptr = ext.llama_get_embeddings_layer_inp(self.ctx.ptr, lid)
+            ptr = self._layer_inp(self.ctx.ptr, lid)
             if not ptr:
                 raise LlamaCallError(f"target layer {lid} input was not extracted")
             out[:, k * e : (k + 1) * e] = float_view(ptr, (n, e))

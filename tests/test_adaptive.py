@@ -290,10 +290,8 @@ def test_proposals_are_each_rows_argmax(tiny_config, attentive_draft):
         n_past = len(prompt) - 1
         for anchor in prompt[-4:]:
             p.flush()
-            p.batch.clear()
-            for i in range(7):
-                p.batch.add_token(anchor if i == 0 else p.mask, n_past + i, True)
-            assert p.batch.process() == 0
+            p.batch.set_block(anchor, p.mask, 7, n_past)
+            assert p.batch.decode(p.ctx.ptr) == 0
             expect = [int(np.argmax(p._logits(i))) for i in range(1, 7)]
             p.ctx.seq_rm(0, n_past, -1)
             assert p.propose(anchor, n_past, 6) == expect

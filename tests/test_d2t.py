@@ -81,10 +81,8 @@ def test_logits_scattered_to_target_ids(tiny_config, d2t_drafts, reference, vari
         prefill(eng.target, prompt[:-1], p.inject)
         p.flush()
         n_past = len(prompt) - 1
-        p.batch.clear()
-        for i in range(4):
-            p.batch.add_token(prompt[-1] if i == 0 else p.mask, n_past + i, True)
-        assert p.batch.process() == 0
+        p.batch.set_block(prompt[-1], p.mask, 4, n_past)
+        assert p.batch.decode(p.ctx.ptr) == 0
         try:
             for i in range(4):
                 row = np.array(p._logits(i))

@@ -72,11 +72,9 @@ def _tensors(path):
 def _raw_block(p, id_last, n_past, n_block):
     """Decode a block with logits and hidden states on every row; (logits, hidden, lattice), cache clean."""
     ll.llama_set_embeddings(p.ctx.ptr, True)
-    p.batch.clear()
-    for i in range(n_block):
-        p.batch.add_token(id_last if i == 0 else p.mask, n_past + i, True)
+    p.batch.set_block(id_last, p.mask, n_block, n_past)
     try:
-        assert p.batch.process() == 0
+        assert p.batch.decode(p.ctx.ptr) == 0
         logits = np.stack([np.array(p._logits(i)) for i in range(n_block)])
         hidden = np.stack([np.ctypeslib.as_array(ll.llama_get_embeddings_ith(p.ctx.ptr, i), shape=(p.n_embd,)).copy()
                            for i in range(n_block)])

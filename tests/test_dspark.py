@@ -110,10 +110,8 @@ def test_block_never_exceeds_block_size(tiny_config, dspark_drafts, reference):
 
 def _raw_block(p, id_last, n_past, n_block):
     """Decode a block on the draft and return (logits rows, confidences), cache left clean."""
-    p.batch.clear()
-    for i in range(n_block):
-        p.batch.add_token(id_last if i == 0 else p.mask, n_past + i, True)
-    assert p.batch.process() == 0
+    p.batch.set_block(id_last, p.mask, n_block, n_past)
+    assert p.batch.decode(p.ctx.ptr) == 0
     try:
         rows = np.stack([np.array(p._logits(i)) for i in range(n_block)])
         from llama_dflash import _bindings as ext

@@ -38,6 +38,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .. import _bindings as ext
+from .._batch import TokenBatch, logits_addr, logits_ith_addr
 from .._llama import BatchExt, Context, Model
 from ..config import SpecConfig
 from ..errors import IncompatibleModelError, LlamaCallError
@@ -132,8 +133,8 @@ class DFlashProposer:
             self._attach_backend_sampler()
         elif spec.backend_sampling is True:
             _report_fallback(not_used)
-        self.batch = BatchExt(self.ctx)
-        self.inject_batch = BatchExt(self.ctx)
+        self.batch = TokenBatch(info.block_size)  # the block's rows
+        self.inject_batch = BatchExt(self.ctx)  # feature rows: wider than token embeddings
         ll.llama_set_causal_attn(self.ctx.ptr, info.causal_attention)
         ext.llama_set_embeddings_nextn(self.ctx.ptr, True, not info.is_dflash2)
         self.n_vocab = self.model.n_vocab
@@ -225,7 +226,7 @@ class DFlashProposer:
     def close(self) -> None:
         if getattr(self, "ctx", None) is not None:
             self._detach_backend_sampler()
-        for owner in ("inject_batch", "batch", "ctx"):
+        for owner in ("inject_batch", "ctx"):
             h = getattr(self, owner, None)
             if h is not None:
                 h.close()
@@ -347,17 +348,13 @@ class DFlashProposer:
         slot whose top-1 probability over the candidates is below p_min.  DFlash2 decodes without
         logits and walks its selector lattice (`selector_walk`).
         """
-        b = self.batch
-        b.clear()
         # Every row stays an output, the anchor's too though DFlash never reads it (issue 17 item 3):
         # llama.cpp's dflash graph runs the LM head on every block row whatever the output flags
         # say (no out_ids selection) and copies the FIRST n_outputs rows out, so an anchor without
         # output would shift every mask slot's logits by one row -- wrong tokens, nothing saved.
         # DFlash2 reads its lattice (one row per token, unmasked) and asks for no logits at all.
-        outputs = not self.info.is_dflash2
-        for i in range(n_block):
-            b.add_token(id_last if i == 0 else self.mask, n_past + i, outputs)
-        rc = b.process()
+        self.batch.set_block(id_last, self.mask, n_block, n_past, outputs=not self.info.is_dflash2)
+        rc = self.batch.decode(self.ctx.ptr)
         if rc != 0:
             raise LlamaCallError(f"draft block decode at position {n_past} failed (rc {rc})")
         if self.info.is_dflash2:
@@ -372,8 +369,12 @@ class DFlashProposer:
             # a NULL pointer (falsy, never None, from ctypes) means no confidences: llama.cpp's
             # driver then drafts without the filter, and so do we
             conf = ext.llama_get_embeddings_nextn(self.ctx.ptr) or None
-        tokens: list[int] = []
         with_prob = not dspark and self.p_min > 0
+        if conf is None and not with_prob and self._chain is None:
+            # no filter: every slot's top token, in one numpy call over the block's rows
+            # (argmax takes the first maximum: the lowest id among equal logits)
+            return self._block_rows(n_block)[first:].argmax(axis=1).tolist()
+        tokens: list[int] = []
         for i in range(first, n_block):
             # strict `<` as llama.cpp: p_min 1.0 keeps slots whose confidence/probability is exactly 1.0
             if conf is not None and conf[i * self.n_embd] < self.p_min:
@@ -401,10 +402,17 @@ class DFlashProposer:
         return self.ctx.pos_max(0)
 
     def _logits(self, i: int) -> np.ndarray:
-        ptr = ll.llama_get_logits_ith(self.ctx.ptr, i)
+        ptr = logits_ith_addr(self.ctx.ptr, i)
         if not ptr:
             raise LlamaCallError(f"draft produced no logits for block row {i}")
         return float_view(ptr, (self.n_vocab,))
+
+    def _block_rows(self, n_block: int) -> np.ndarray:
+        """The block's logits, [n_block, n_vocab] (every row is an output, in batch order)."""
+        ptr = logits_addr(self.ctx.ptr)
+        if not ptr:
+            raise LlamaCallError("the draft block produced no logits")
+        return float_view(ptr, (n_block, self.n_vocab))
 
 
 def selector_walk(lattice: np.ndarray, top_k: int, p_min: float = 0.0) -> list[int]:
