@@ -70,7 +70,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     c = p.add_argument_group("context")
-    c.add_argument("--n-ctx", type=int, default=2048)
+    c.add_argument("--n-ctx", type=int, default=2048,
+                   help="context size (default 2048); raised, with a note, to hold the longest prompt + the largest "
+                        "--max-tokens + a draft block, so that every run reaches its token count")
     c.add_argument("--n-batch", type=int, default=512)
     c.add_argument("--n-ubatch", type=int, default=512)
     c.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from .._llama import Model, recent_log_messages
@@ -296,6 +296,26 @@ def timed_run(decoder: Any, prompt: list[int], cfg: Any, max_tokens: int) -> tup
     return run, s
 
 
+#: n_ctx is raised to a multiple of this when a prompt and its generation do not fit
+CTX_STEP = 256
+#: context kept free past the longest generation: the last steps still draft and verify a block
+CTX_MARGIN = 32
+
+
+def raise_context(cfg: Any, longest: int, where: str, max_tokens: int) -> list[str]:
+    """Where the longest prompt plus the largest max_tokens (plus a draft block) does not fit in
+    `cfg.target.n_ctx` (generation would stop early there: a 2048-token run in the default 2048),
+    raise it to a multiple of CTX_STEP that does; returns the note saying so (none if it fit)."""
+    n_ctx = cfg.target.n_ctx
+    need = longest + max_tokens + CTX_MARGIN
+    if need <= n_ctx:
+        return []
+    new = -(-need // CTX_STEP) * CTX_STEP
+    cfg.target = replace(cfg.target, n_ctx=new)
+    return [f"n_ctx raised from {n_ctx} to {new}: the longest prompt ({where}) has {longest} tokens, "
+            f"plus max-tokens {max_tokens} and {CTX_MARGIN} for the last draft block"]
+
+
 def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = None) -> BenchResult:
     """Load once, warm up both modes, then alternate measured runs."""
     import warnings as _warnings
@@ -307,6 +327,7 @@ def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = 
         model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack)
         model_load = time.perf_counter() - t0
         try:
+            fit = raise_context(cfg, len(model.tokenize(cfg.prompt)), "the prompt", cfg.max_tokens)
             t1 = time.perf_counter()
             spec_dec = LlamaDFlashDecoding(cfg.target, cfg.spec, model=model)
             spec_load = model_load + time.perf_counter() - t1
@@ -322,6 +343,7 @@ def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = 
                 spec_dec.close()
         finally:
             model.close()
+    result.notes[:0] = fit
     result.backend = backend_info()
     result.warnings = [str(w.message) for w in caught] + [f"llama.cpp {lvl}: {m}" for lvl, m in recent_log_messages()]
     return result

@@ -7,7 +7,6 @@ with the highest sustained throughput, not the highest acceptance.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
@@ -22,7 +21,7 @@ from .costmodel import CostModel, StepCosts, build_cost_model, cost_model_dict, 
 from .format import format_cost_model, format_phases, format_speculators
 from .probe import probe_step_costs
 from .runner import (ModeResult, RunResult, draft_length_settable, first_divergence, merge_speculators, oracle_supported,
-                     run_oracle, skipped_notes, timed_run)
+                     raise_context, run_oracle, skipped_notes, timed_run)
 
 __all__ = ["SweepConfig", "SweepCell", "SweepResult", "run_sweep", "format_sweep"]
 
@@ -227,28 +226,17 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
                        speculator_names=names, notes=notes)
 
 
-#: n_ctx is raised to a multiple of this when a workload's prompt does not fit
-_CTX_STEP = 256
-
-
 def fit_context(cfg: SweepConfig, model: Model) -> list[str]:
-    """Where a prompt is longer than n_ctx (which would end the sweep with an error: the built-in
-    copy-heavy prompts are long), raise `cfg.target.n_ctx` to hold the longest prompt and the
-    largest max_tokens; a note says so.  Prompts that fit leave n_ctx as it is."""
+    """Where the longest prompt plus the largest max_tokens does not fit in n_ctx (a prompt longer
+    than n_ctx would end the sweep with an error, the built-in copy-heavy prompts are long; a
+    generation past it would stop early), raise `cfg.target.n_ctx` to hold both; a note says so."""
     longest, where = 0, ""
     for name, prompts in cfg.workloads.items():
         for i, p in enumerate(prompts):
             n = len(model.tokenize(p))
             if n > longest:
                 longest, where = n, f"workload {name}, prompt {i + 1}"
-    n_ctx = cfg.target.n_ctx
-    if longest <= n_ctx:
-        return []
-    need = longest + max(cfg.max_tokens) + 1
-    new = -(-need // _CTX_STEP) * _CTX_STEP
-    cfg.target = dataclasses.replace(cfg.target, n_ctx=new)
-    return [f"n_ctx raised from {n_ctx} to {new}: the longest prompt ({where}) has {longest} tokens, "
-            f"plus max-tokens {max(cfg.max_tokens)}"]
+    return raise_context(cfg, longest, where, max(cfg.max_tokens))
 
 
 def sweep_steps(cfg: SweepConfig) -> int:
