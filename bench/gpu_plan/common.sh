@@ -6,7 +6,8 @@
 #                      it outlives a call only while the machine stays warm
 #   GPU_PLAN_PYTHON    the interpreter whose packages the plan's venv chains (default /opt/torch/.venv/bin/python3)
 #   GPU_PLAN_SITE      the folder(s) chained instead of that interpreter's site-packages (':'-separated)
-#   GPU_PLAN_SECONDS   this call's time budget; every part's timeout comes out of it (default 540)
+#   GPU_PLAN_SECONDS   this call's time budget; every part's timeout comes out of it (default: the step's
+#                      STEP_SECONDS, 360 / 150 / 200 for steps 1 / 2 / 3: README.md sizes them to the device time)
 #   OUT                where the files that come back go (the device tool sets it; default STATE/out/STEP)
 set -euo pipefail
 
@@ -15,7 +16,7 @@ ROOT=$(cd "$PLAN_DIR/../.." && pwd)
 KIT=${GPU_PLAN_KIT:-$ROOT/gpu-kit}
 STATE=${GPU_PLAN_STATE:-/tmp/gpu-plan}
 BASE_PYTHON=${GPU_PLAN_PYTHON:-/opt/torch/.venv/bin/python3}
-BUDGET=${GPU_PLAN_SECONDS:-540}
+BUDGET=${GPU_PLAN_SECONDS:-${STEP_SECONDS:-300}}
 VENV=$STATE/venv
 VPY=$VENV/bin/python
 PIECES=$STATE/kit          # every carried piece, checked, gathered over the calls

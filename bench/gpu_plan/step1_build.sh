@@ -11,6 +11,7 @@
 # A compile cut by the budget is finished by step 2.  Back in OUT: build.json, build.log.gz,
 # configure.log, plan.log.
 STEP=step1
+STEP_SECONDS=360
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
