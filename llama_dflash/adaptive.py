@@ -230,6 +230,19 @@ class AdaptiveController:
         if self.stats is not None and (n_draft or self._steps % 32 == 0):
             self.stats.cost_curve = {str(k): v for k, v in self.costs.curve().items()}
 
+    def observe_many(self, n_draft: int, accepted: Sequence[int], draft_seconds: float,
+                     verify_seconds: float) -> None:
+        """One step in which several sequences each verified `n_draft` drafts in one decode (the
+        batched engine): the step's cost is learnt once, every sequence's acceptance, and a probe
+        is judged by its best sequence."""
+        self.costs.observe(n_draft, draft_seconds, verify_seconds)
+        if n_draft:
+            for n_accepted in accepted:
+                self.acceptance.observe(n_draft, n_accepted)
+        if self._probing:
+            self._probing = False
+            self._after_probe(n_draft, max(accepted, default=0))
+
     def observe_shadow(self, n_draft: int, n_accepted: int) -> None:
         """A shadow probe's outcome: of its n_draft tokens, the first n_accepted were what the
         target produced (acceptance only: nothing was verified, so there is no cost to learn)."""

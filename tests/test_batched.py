@@ -163,8 +163,8 @@ def test_background_loop_streams_tokens(tiny_target, prompts, reference):
 
 
 def test_refusals(tiny_target, tiny_draft, tmp_path):
-    with pytest.raises(ValueError, match="draft model"):
-        _engine(tiny_target, spec=SpecConfig(tiny_draft))
+    with pytest.raises(ValueError, match="does not run spec_type auto"):
+        _engine(tiny_target, spec=SpecConfig(tiny_draft, spec_type="auto"))
     with pytest.raises(ValueError, match="n_seq"):
         _engine(tiny_target, n_seq=0)
     from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
@@ -209,3 +209,176 @@ def _reference_smol(path, prompts):
         return out
     finally:
         llm.close()
+
+
+# ---- prefix reuse ---------------------------------------------------------------------------------
+def test_a_slot_reuses_the_prefix_its_last_request_left(tiny_target, prompts, reference):
+    with _engine(tiny_target, n_seq=2) as engine:
+        first = engine.generate([prompts[0], prompts[1]], max_tokens=MAX)
+        again = engine.submit(prompts[1], max_tokens=MAX)  # the slot that served prompts[1] is chosen
+        longer = engine.submit(prompts[0] + first[0][:5], max_tokens=MAX - 5)  # its answer's start, continued
+        while not (again.done and longer.done):
+            engine.step()
+        stats = engine.stats()
+    assert first == reference[:2] and again.output == reference[1]
+    assert again.stats.cached_tokens == len(prompts[1]) - 1  # all but the last token (its logits are needed)
+    assert longer.stats.cached_tokens == len(prompts[0]) + 5 - 1
+    assert longer.output == reference[0][5:]
+    assert stats["cached_tokens"] == again.stats.cached_tokens + longer.stats.cached_tokens
+    with _engine(tiny_target, n_seq=2, prefix_reuse=False) as engine:
+        engine.generate([prompts[1]], max_tokens=MAX)
+        cold = engine.submit(prompts[1], max_tokens=MAX)
+        while not cold.done:
+            engine.step()
+    assert cold.stats.cached_tokens == 0 and cold.output == reference[1]
+
+
+def test_rejected_rows_of_an_ended_request_do_not_stay_in_its_slot(tiny_target, prompts, reference):
+    """A request that ends inside a verified draft leaves rows past its last token in the cache;
+    the next request of the slot must not see them (it reuses only what the history says)."""
+    spec = SpecConfig(spec_type="lookup", draft_n_max=6)
+    with _engine(tiny_target, n_seq=1, spec=spec) as engine:
+        cut = engine.generate([prompts[4]], max_tokens=7)[0]  # lookup drafts on the repetitive prompt
+        full = engine.submit(prompts[4], max_tokens=MAX)
+        while not full.done:
+            engine.step()
+        assert engine.ctx.pos_max(0) == len(full.history) - 1
+    assert cut == reference[4][:7] and full.output == reference[4]
+
+
+# ---- the draft model per sequence -----------------------------------------------------------------
+def _record_batched(engine):
+    """Wrap the engine's draft so every proposal is recorded per request: {Sequence_: [(pos, tokens)]}."""
+    seen: dict = {}
+    propose = engine.draft.propose
+
+    def wrapped(blocks):
+        propose(blocks)
+        by_slot = {s.seq_id: s for s in engine._active}
+        for blk in blocks:
+            seen.setdefault(by_slot[blk.seq_id], []).append((blk.pos, list(blk.tokens)))
+
+    engine.draft.propose = wrapped
+    return seen
+
+
+def _single_proposals(path, draft, prompt, k, max_tokens, **spec_kw):
+    """What the single-sequence engine proposes for `prompt` alone: [(n_past, tokens)] and its output."""
+    from llama_dflash import LlamaDFlashDecoding
+    from llama_dflash.config import TargetConfig
+
+    cfg = TargetConfig(path, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with LlamaDFlashDecoding(cfg, SpecConfig(draft, draft_n_max=k, backend_sampling=False, **spec_kw)) as eng:
+        got = []
+        propose = eng._dflash.propose
+
+        def wrapped(id_last, n_past, n, **kw):
+            out = propose(id_last, n_past, n, **kw)
+            got.append((n_past, list(out)))
+            return out
+
+        eng._dflash.propose = wrapped
+        out = eng.generate(prompt, max_tokens).tokens
+    return got, out
+
+
+def _same_where_both_drafted(batched, single, i):
+    """Proposals at the same position (same anchor, same history) are the same tokens.  The single
+    engine drafts from the last prompt token before its first sample (as llama.cpp's C++ driver);
+    the batched engine prefills the whole prompt first (as llama-server), so the first block of
+    each differs in position, and later ones wherever acceptance made them step differently."""
+    want = dict(single)
+    common = [(pos, toks) for pos, toks in batched if pos in want]
+    assert len(common) >= len(batched) // 2 and common, (i, [p for p, _ in batched], sorted(want))
+    for pos, toks in common:
+        n = min(len(toks), len(want[pos]))
+        assert toks[:n] == want[pos][:n], (i, pos, toks, want[pos])
+
+
+@pytest.fixture(scope="module")
+def attentive(tiny_dir, tiny_target):
+    """A random draft whose proposals depend on the features and the block (see test_adaptive)."""
+    from llama_dflash.inspect import read_gguf
+    from llama_dflash.writer import DraftShape, evenly_spread_layers, random_draft_weights, write_draft
+
+    target = read_gguf(tiny_target)
+    shape = DraftShape(n_embd=target.n_embd, n_head=4, n_head_kv=2, block_size=16,
+                       target_layers=evenly_spread_layers(target.n_layer))
+    weights = random_draft_weights(shape, target.n_vocab, seed=4, scale=0.2)
+    return write_draft(str(tiny_dir / "batched_attentive.gguf"), shape, weights, tokenizer_from=tiny_target,
+                       mask_token_id=3)
+
+
+@pytest.fixture(scope="module")
+def dspark_conf(tiny_dir, tiny_target):
+    from llama_dflash.writer import write_random_draft
+
+    return write_random_draft(str(tiny_dir / "batched_dspark.gguf"), tiny_target, block_size=8, markov_rank=8,
+                              confidence_head=True, sample_from_anchor=True, seed=10)
+
+
+@pytest.mark.parametrize("which,k,spec_kw", [("attentive", 4, {}), ("dspark", 5, {"draft_p_min": 0.3}),
+                                             ("dspark", 7, {})])
+def test_draft_proposals_per_sequence_equal_the_single_engines(tiny_target, prompts, reference, attentive,
+                                                               dspark_conf, which, k, spec_kw):
+    """Four requests drafting together get, block for block, the proposals the single-sequence
+    engine makes for each prompt alone: each slot's draft stream holds its own features at its own
+    positions, and one decode of four blocks reads as four decodes of one (the DSpark Markov head
+    and confidence cut included)."""
+    draft = attentive if which == "attentive" else dspark_conf
+    spec = SpecConfig(draft, draft_n_max=k, backend_sampling=False, **spec_kw)
+    with _engine(tiny_target, n_seq=4, spec=spec) as engine:
+        seen = _record_batched(engine)
+        seqs = [engine.submit(p, max_tokens=MAX) for p in prompts]
+        while not all(s.done for s in seqs):
+            engine.step()
+        stats = engine.stats()
+    assert [s.output for s in seqs] == reference
+    assert stats["draft_blocks"] < sum(len(v) for v in seen.values())  # blocks of several sequences per decode
+    for i, seq in enumerate(seqs):
+        single, out = _single_proposals(tiny_target, draft, prompts[i], k, MAX, **spec_kw)
+        assert out == reference[i][:len(out)] and len(out) >= len(reference[i]) - 1  # (it leaves out an EOG)
+        batched = seen.get(seq, [])
+        _same_where_both_drafted(batched, single, i)
+        assert seq.stats.draft_model_steps == sum(1 for _, toks in batched if toks) > 0
+    assert sum(s.stats.drafted for s in seqs) > 0
+
+
+def test_draft_with_prefix_reuse_and_company(tiny_target, prompts, reference, attentive):
+    """A request on a slot whose cells another request left proposes what it proposes alone: the
+    draft stream is cut where the target's is."""
+    spec = SpecConfig(attentive, draft_n_max=3, backend_sampling=False)
+    with _engine(tiny_target, n_seq=2, spec=spec) as engine:
+        engine.generate([prompts[0] + reference[0][:10], prompts[2]], max_tokens=8)
+        seen = _record_batched(engine)
+        seq = engine.submit(prompts[0], max_tokens=MAX)  # shares its prompt with the first request's cells
+        other = engine.submit(prompts[5], max_tokens=MAX)
+        while not (seq.done and other.done):
+            engine.step()
+    assert seq.stats.cached_tokens == len(prompts[0]) - 1
+    assert seq.output == reference[0] and other.output == reference[5]
+    single, _ = _single_proposals(tiny_target, attentive, prompts[0], 3, MAX)
+    _same_where_both_drafted(seen[seq], single, 0)
+
+
+def test_adaptive_draft_lengths_learn_per_batch_width(tiny_target, prompts, reference, attentive):
+    spec = SpecConfig(attentive, draft_n_max="auto", backend_sampling=False)
+    with _engine(tiny_target, n_seq=3, spec=spec) as engine:
+        out = engine.generate(prompts, max_tokens=MAX)
+        stats = engine.stats()
+    assert out == reference
+    costs = stats["step_costs"]
+    assert costs and all("0" in c for c in costs.values())  # the ordinary step was measured at each width
+    assert any(len(c) > 1 for c in costs.values())  # and at least one draft length
+    assert stats["draft_blocks"] > 0
+
+
+def test_lookup_chained_with_the_draft(tiny_target, prompts, reference, attentive):
+    spec = SpecConfig(attentive, spec_type="lookup,draft-dflash", draft_n_max=4, backend_sampling=False)
+    with _engine(tiny_target, spec=spec) as engine:
+        seqs = [engine.submit(p, max_tokens=MAX) for p in prompts]
+        while not all(s.done for s in seqs):
+            engine.step()
+    assert [s.output for s in seqs] == reference
+    model = sum(s.stats.draft_model_steps for s in seqs)
+    assert 0 < model < sum(s.stats.verification_steps for s in seqs)  # both drafted, on different steps

@@ -23,9 +23,13 @@ default here), greedy answers therefore equal the answers of the same prompt dec
 
 Drafting: the token-only drafters of a `SpecConfig` (llama.cpp's n-gram types, our suffix
 lookup), one set per sequence, in llama.cpp's priority order (the first that proposes wins the
-step; all are told the verification's outcome).  Draft models (DFlash/DSpark) are not batched
-yet: `BatchedEngine` refuses a SpecConfig that needs one.  Recurrent and hybrid targets are
-refused too: their state cannot be cut per sequence at a position.
+step; all are told the verification's outcome), then the DFlash/DSpark/DFlash2 draft model where
+the SpecConfig has one (`draft.BatchedDraft`: one draft context with a stream per slot, features
+injected per sequence, one draft decode holding every drafting sequence's block).  With
+draft_n_max "auto" the draft length of a step is chosen from the measured cost of whole steps at
+that batch width (`lengths.StepLengths`), so the draft runs only where the batch gains from it.
+`spec_type auto` (our per-step choice between lookup and the draft) is not batched.  Recurrent
+and hybrid targets are refused: their state cannot be cut per sequence at a position.
 """
 
 from __future__ import annotations
@@ -39,14 +43,20 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from llama_cpp import llama_cpp as ll
 
+import numpy as np
+
+from .. import _bindings as ext
 from .._llama import BatchExt, Context, Model
 from ..errors import LlamaCallError
 from ..generate import check_token_ids
+from ..inspect import check_gguf_file, read_draft, validate_pair
 from ..proposers.base import TokenDrafter
-from ..proposers.factory import build_token_drafters
+from ..proposers.factory import build_token_drafters, draft_type_name
 from ..rewind import is_recurrent_model
 from ..sampling import Sampler, SamplingParams
-from ..target import FLASH_ATTN_TYPES
+from ..target import FLASH_ATTN_TYPES, float_view
+from .draft import BatchedDraft, Block
+from .lengths import StepLengths
 
 __all__ = ["BatchedEngine", "Sequence_", "SeqStats", "physical_cores", "EngineClosed"]
 
@@ -85,7 +95,9 @@ class SeqStats:
 
     algorithm: str = "ordinary"
     draft_n_max: int = 0
+    draft_model_steps: int = 0  # steps whose drafts came from the draft model
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose cache cells a previous request of the slot left
     generated_tokens: int = 0
     drafted: int = 0
     verified: int = 0
@@ -104,7 +116,8 @@ class SeqStats:
             "algorithm": self.algorithm, "draft_n_max": self.draft_n_max, "drafted": self.drafted,
             "verified": self.verified, "accepted": self.accepted, "verification_steps": self.verification_steps,
             "rollbacks": self.rollbacks, "generated_tokens": self.generated_tokens,
-            "prompt_tokens": self.prompt_tokens,
+            "draft_model_steps": self.draft_model_steps,
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "acceptance_rate": self.accepted / self.verified if self.verified else 0.0,
             "accepted_per_step": aps, "mean_accepted_length": tau, "tau": tau,
             "tokens_per_second": self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0,
@@ -147,6 +160,8 @@ class Sequence_:
         self.history: list[int] = []  # the tokens in the sequence's cache, positions 0..n_past-1
         self.last: int = -1  # sampled, not decoded yet
         self.prefilled = False
+        self._winner = -1  # which drafter proposed this step's drafts (len(drafters): the draft model)
+        self._model_drafted = False
 
     # ---- the caller's side ------------------------------------------------------------------------------
     @property
@@ -222,38 +237,60 @@ class Sequence_:
             self._cond.notify_all()
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class BatchedEngine:
     """`n_seq` sequences decoded together on one target model (see the module's docstring).
 
     `model`: a path, or a `_llama.Model` someone else owns (e.g. borrowed from a llama_cpp.Llama).
     `n_ctx_seq`: the context of each sequence (a slot); `n_batch`: the largest decode (a prompt
-    longer than that is prefilled in chunks of it).  `spec`: a SpecConfig whose token drafters
-    (n-gram types, lookup) draft for every sequence; None: ordinary decoding.
-    `max_rows`: rows a step may verify across all sequences (default n_batch)."""
+    longer than that is prefilled in chunks of it).  `spec`: a SpecConfig whose drafters (n-gram
+    types, lookup, a DFlash/DSpark draft model) draft for every sequence; None: ordinary decoding.
+    `max_rows`: rows a step may verify across all sequences (default n_batch).
+    `prefix_reuse`: a slot keeps its last request's cache cells, and a new request goes to the free
+    slot whose cells share the longest prefix with its prompt; only the rest is prefilled (as
+    llama-server's `cache_prompt` and llama-cpp-python's own prefix reuse do)."""
 
     def __init__(self, model: "str | Model", *, n_seq: int = 4, n_ctx_seq: int = 2048, n_batch: int = 512,
                  n_threads: Optional[int] = None, flash_attn: str = "on", spec: Any = None,
-                 n_gpu_layers: int = -1, max_rows: Optional[int] = None):
+                 n_gpu_layers: int = -1, max_rows: Optional[int] = None, prefix_reuse: bool = True):
         if not isinstance(n_seq, int) or n_seq < 1:
             raise ValueError(f"n_seq must be an integer >= 1, not {n_seq!r}")
         if n_ctx_seq < 16:
             raise ValueError(f"n_ctx_seq must be >= 16, not {n_ctx_seq}")
         if flash_attn not in FLASH_ATTN_TYPES:
             raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN_TYPES)}, not {flash_attn!r}")
-        if spec is not None and getattr(spec, "uses_draft_model", False):
-            raise ValueError("the batched engine drafts with token drafters only (n-gram types, lookup): "
-                             f"spec_type {','.join(spec.spec_types)} needs a draft model")
         if spec is not None and "auto" in getattr(spec, "spec_types", ()):
             raise ValueError("the batched engine does not run spec_type auto; name the drafters "
-                             "(e.g. ngram-simple, lookup)")
+                             "(e.g. ngram-simple, lookup, draft-dspark)")
         self.spec = spec if spec is not None and spec.spec_types else None
         if self.spec is not None:
             build_token_drafters(self.spec)  # fail here, not at the first request
         self.algorithm = ",".join(self.spec.spec_types) if self.spec is not None else "ordinary"
         n_max = getattr(self.spec, "draft_n_max", 0) if self.spec is not None else 0
-        self.draft_n_max = int(n_max) if isinstance(n_max, int) else (DEFAULT_DRAFT_N_MAX if self.spec else 0)
+        #: the longest draft of a token drafter (n-gram types, lookup)
+        self.token_n_max = int(n_max) if isinstance(n_max, int) else (DEFAULT_DRAFT_N_MAX if self.spec else 0)
+        self.draft_n_max = self.token_n_max  # the longest draft of any drafter (statistics)
         self._own_model = isinstance(model, (str, os.PathLike))
+        draft_info = None
+        if self.spec is not None and self.spec.uses_draft_model:
+            ext.check_symbols()
+            # both files checked in Python first: llama.cpp aborts the process on several mismatches
+            draft_info = validate_pair(check_gguf_file(os.fspath(model) if self._own_model else model.path),
+                                       read_draft(self.spec.draft_model), self.spec.algorithm)
+            # the draft's type as llama.cpp names it ("draft" given: draft-dflash or draft-dspark)
+            self.algorithm = ",".join(self.spec.token_types + (draft_type_name(draft_info.algorithm),))
         self.model = Model(os.fspath(model), n_gpu_layers=n_gpu_layers) if self._own_model else model
+        self.draft: Optional[BatchedDraft] = None
+        self.lengths: Optional[StepLengths] = None
+        self.ctx = None
+        self.batch = None
         try:
             if is_recurrent_model(self.model):
                 raise ValueError("the batched engine cannot serve recurrent or hybrid targets: their state "
@@ -271,7 +308,21 @@ class BatchedEngine:
             params.no_perf = True
             self.ctx = Context(self.model, params)
             self.batch = BatchExt(self.ctx)
+            self._layers: tuple[int, ...] = ()
+            if draft_info is not None:
+                self._layers = tuple(int(x) for x in draft_info.target_layers)
+                for lid in self._layers:
+                    ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, True)
+                self._layer_inp = ext.llama_get_embeddings_layer_inp_addr.resolve()
+                self.draft = BatchedDraft(draft_info, self.spec, self.model, self.ctx, n_seq=n_seq,
+                                          n_ctx_seq=n_ctx_seq, n_threads=self.spec.draft_n_threads or threads,
+                                          n_gpu_layers=n_gpu_layers)
+                self.lengths = StepLengths(self.draft.n_max, None if self.spec.adaptive else self.draft.n_max)
+                self.draft_n_max = max(self.draft.n_max, self.token_n_max if build_token_drafters(self.spec) else 0)
         except BaseException:
+            for h in (self.draft, self.batch, self.ctx):
+                if h is not None:
+                    h.close()
             if self._own_model:
                 self.model.close()
             raise
@@ -283,6 +334,8 @@ class BatchedEngine:
         self.n_threads = threads
         self.n_vocab = self.model.n_vocab
         self._free_ids = list(range(n_seq))
+        self.prefix_reuse = bool(prefix_reuse)
+        self._cached: dict[int, list[int]] = {}  # slot -> the tokens its cells hold (positions 0..)
         self._waiting: collections.deque[Sequence_] = collections.deque()
         self._active: list[Sequence_] = []
         self._lock = threading.Lock()
@@ -295,6 +348,8 @@ class BatchedEngine:
         self.rows_decoded = 0
         self.seqs_in_steps = 0  # sum over steps of the sequences they decoded (occupancy)
         self.decode_seconds = 0.0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     # ---- admission --------------------------------------------------------------------------------------
     def submit(self, prompt: Sequence[int], *, max_tokens: int = 16, params: Optional[SamplingParams] = None,
@@ -409,8 +464,8 @@ class BatchedEngine:
         with self._work:
             while self._waiting and self._free_ids:
                 seq = self._waiting.popleft()
-                seq.seq_id = self._free_ids.pop(0)  # the lowest free id: runs of consecutive ids batch best
-                self._free_ids.sort()
+                seq.seq_id = self._pick_slot(seq.prompt)
+                self._free_ids.remove(seq.seq_id)
                 self._active.append(seq)
                 out.append(seq)
         self._active.sort(key=lambda s: s.seq_id)
@@ -424,11 +479,30 @@ class BatchedEngine:
                     d.begin(seq.prompt)
         return out
 
+    def _pick_slot(self, prompt: list[int]) -> int:
+        """The free slot whose cached tokens share the longest prefix with `prompt`; without one,
+        the lowest free id (runs of consecutive ids batch best)."""
+        best, best_n = min(self._free_ids), 0
+        if self.prefix_reuse:
+            for sid in sorted(self._free_ids):
+                n = _common_prefix(self._cached.get(sid, ()), prompt)
+                if n > best_n:
+                    best, best_n = sid, n
+        return best
+
     def _release(self, seq: Sequence_, reason: str, error: Optional[BaseException] = None) -> None:
-        """End `seq`, empty its stream, give its slot back."""
+        """End `seq`, give its slot back: its cells stay for the next request's prefix (rows past
+        what it accepted are cut), or are emptied after an error or without prefix reuse."""
         if seq in self._active:
             self._active.remove(seq)
-            self.ctx.seq_rm(seq.seq_id, -1, -1)
+            if self.prefix_reuse and error is None and seq.prefilled:
+                self.ctx.seq_rm(seq.seq_id, len(seq.history), -1)
+                self._cached[seq.seq_id] = seq.history
+            else:
+                self.ctx.seq_rm(seq.seq_id, -1, -1)
+                self._cached.pop(seq.seq_id, None)
+                if self.draft is not None:
+                    self.draft.truncate(seq.seq_id, 0)
             with self._work:
                 self._free_ids.append(seq.seq_id)
                 self._free_ids.sort()
@@ -439,11 +513,21 @@ class BatchedEngine:
         seq._finish(reason, error)
 
     def _prefill(self, seq: Sequence_) -> None:
-        """The prompt in a decode of its own (chunks of n_batch), then its first token."""
+        """The prompt in a decode of its own (chunks of n_batch), then its first token.  The prefix
+        the slot's cells already hold is kept (all but the last prompt token, whose logits are needed)."""
         t0 = time.perf_counter()
         b, sid, prompt = self.batch, seq.seq_id, seq.prompt
         n = len(prompt)
-        for start in range(0, n, self.n_batch):
+        n_keep = min(_common_prefix(self._cached.pop(sid, ()), prompt), n - 1) if self.prefix_reuse else 0
+        self.ctx.seq_rm(sid, n_keep, -1)
+        if self.draft is not None:
+            self.draft.truncate(sid, n_keep)
+        seq.stats.cached_tokens = n_keep
+        self.prompt_tokens += n
+        self.cached_tokens += n_keep
+        seq.history = list(prompt[:n_keep])  # what the cells hold, should a chunk fail
+        n_rows = 0
+        for start in range(n_keep, n, self.n_batch):
             chunk = prompt[start:start + self.n_batch]
             b.clear()
             last = start + len(chunk) == n
@@ -453,10 +537,14 @@ class BatchedEngine:
             if rc != 0:
                 raise LlamaCallError(f"prefill of {len(chunk)} tokens for sequence {sid} failed "
                                      f"(llama_process returned {rc})")
+            n_rows = len(chunk)
+            if self.draft is not None:
+                self.draft.inject(sid, start, self._features(0, n_rows))
+            seq.history = list(prompt[:start + n_rows])
         seq.stats.prefill_seconds = time.perf_counter() - t0
         seq.history = list(prompt)
         seq.prefilled = True
-        tok = seq.sampler.sample(self.ctx.ptr, len(prompt[(n - 1) // self.n_batch * self.n_batch:]) - 1)
+        tok = seq.sampler.sample(self.ctx.ptr, n_rows - 1)
         self._commit_token(seq, tok)
 
     def _commit_token(self, seq: Sequence_, tok: int) -> bool:
@@ -474,7 +562,7 @@ class BatchedEngine:
     def _drafts(self, seq: Sequence_, budget: int) -> list[int]:
         if not seq.drafters:
             return []
-        room = min(self.draft_n_max, budget,
+        room = min(self.token_n_max, budget,
                    seq.max_tokens - seq.stats.generated_tokens - 1,  # more could never be emitted
                    self.n_ctx_seq - 1 - len(seq.history) - 1)  # the rows must fit the slot
         if room <= 0:
@@ -487,14 +575,61 @@ class BatchedEngine:
         seq._winner = -1
         return []
 
+    def _model_blocks(self, running: list[Sequence_], plans: list[list[int]], budget: int) -> tuple[int, float]:
+        """The draft model's proposals for the sequences no token drafter served, in one draft
+        decode; returns (the step's draft length k, the draft's seconds)."""
+        k = self.lengths.choose(len(running))
+        if k <= 0:
+            return 0, 0.0
+        blocks, rooms = [], []
+        for i, seq in enumerate(running):
+            if plans[i]:
+                continue
+            pos = len(seq.history)
+            room = min(k, budget, seq.max_tokens - seq.stats.generated_tokens - 1, self.n_ctx_seq - 2 - pos)
+            if room <= 0 or not self.draft.fits(pos, self.n_ctx_seq):
+                continue
+            budget -= room
+            blocks.append((i, Block(seq.seq_id, seq.last, pos)))
+            rooms.append(room)
+        if not blocks:
+            return 0, 0.0
+        t0 = time.perf_counter()
+        self.draft.propose([blk for _, blk in blocks])
+        for (i, blk), room in zip(blocks, rooms):
+            seq = running[i]
+            plans[i] = blk.tokens[:room]
+            seq._winner = len(seq.drafters)  # the draft model: after every token drafter
+            seq._model_drafted = True
+        return k, time.perf_counter() - t0
+
+    def _features(self, first: int, n: int) -> np.ndarray:
+        """Inputs of the draft's target layers for batch rows first..first+n-1 of the last decode
+        (llama.cpp returns them in batch order): a new [n, layers * n_embd] array."""
+        e = self.model.n_embd
+        out = np.empty((n, len(self._layers) * e), dtype=np.float32)
+        ctx = self.ctx.ptr
+        for k, lid in enumerate(self._layers):
+            ptr = self._layer_inp(ctx, lid)
+            if not ptr:
+                raise LlamaCallError(f"target layer {lid} input was not extracted")
+            out[:, k * e:(k + 1) * e] = float_view(ptr, (first + n, e))[first:]
+        return out
+
     def _decode_step(self, running: list[Sequence_]) -> None:
         b = self.batch
-        b.clear()
-        spans = []  # (seq, first row, drafts)
         budget = self.max_rows - len(running)  # one row per sequence comes first
+        plans: list[list[int]] = []
         for seq in running:
+            seq._model_drafted = False
             drafts = self._drafts(seq, budget)
             budget -= len(drafts)
+            plans.append(drafts)
+        token_rows = sum(len(d) for d in plans)
+        k_model, t_draft = self._model_blocks(running, plans, budget) if self.draft is not None else (0, 0.0)
+        b.clear()
+        spans = []  # (seq, first row, drafts)
+        for seq, drafts in zip(running, plans):
             pos = len(seq.history)
             first = b.n
             b.add_token(seq.last, pos, True, seq.seq_id)
@@ -503,7 +638,8 @@ class BatchedEngine:
             spans.append((seq, first, drafts))
         t0 = time.perf_counter()
         rc = b.process()
-        self.decode_seconds += time.perf_counter() - t0
+        t_verify = time.perf_counter() - t0
+        self.decode_seconds += t_verify
         if rc != 0:
             raise LlamaCallError(f"decode of {b.n} rows for {len(running)} sequences failed "
                                  f"(llama_process returned {rc})")
@@ -511,6 +647,7 @@ class BatchedEngine:
         self.rows_decoded += b.n
         self.seqs_in_steps += len(running)
         ctx = self.ctx.ptr
+        model_accepted: list[int] = []
         for seq, first, drafts in spans:
             pos = len(seq.history)
             n_acc = 0
@@ -522,6 +659,8 @@ class BatchedEngine:
                 if ended or i == len(drafts) or tok != drafts[i]:
                     break
                 n_acc += 1
+            if self.draft is not None:  # the committed rows' features, for the draft's stream of this slot
+                self.draft.inject(seq.seq_id, pos, self._features(first, n_acc + 1))
             if drafts:
                 st = seq.stats
                 st.drafted += len(drafts)
@@ -530,21 +669,30 @@ class BatchedEngine:
                 st.verification_steps += 1
                 if n_acc < len(drafts):
                     st.rollbacks += 1
+                if seq._model_drafted:
+                    st.draft_model_steps += 1
+                    model_accepted.append(n_acc)
                 for k, d in enumerate(seq.drafters):
-                    d.accept(n_acc, k != getattr(seq, "_winner", -1))
+                    d.accept(n_acc, k != seq._winner)
             elif seq.drafters:
                 for d in seq.drafters:
                     d.accept(0, True)
             if not ended and n_acc < len(drafts):  # rows past the accepted prefix leave this stream
                 self.ctx.seq_rm(seq.seq_id, pos + n_acc + 1, -1)
+        if self.lengths is not None and not token_rows:  # a step of the draft model alone, or ordinary
+            self.lengths.observe(len(running), k_model if model_accepted else 0, model_accepted, t_draft, t_verify)
 
     # ---- life --------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Engine-wide counters: steps, rows, mean sequences per step (occupancy), queue."""
         return {"n_seq": self.n_seq, "active": self.n_active, "waiting": self.n_waiting, "steps": self.steps,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "rows_decoded": self.rows_decoded, "sequences_decoded": self.seqs_in_steps,
                 "mean_batch_sequences": self.seqs_in_steps / self.steps if self.steps else 0.0,
-                "decode_seconds": self.decode_seconds}
+                "decode_seconds": self.decode_seconds,
+                **({"draft_seconds": self.draft.draft_seconds, "inject_seconds": self.draft.inject_seconds,
+                    "draft_blocks": self.draft.blocks, "step_costs": self.lengths.summary()}
+                   if self.draft is not None else {})}
 
     def close(self) -> None:
         """Stop the loop (after the step in progress), end every sequence, free the context."""
@@ -561,6 +709,8 @@ class BatchedEngine:
                 seq._finish("error", EngineClosed("the engine was closed"))
             for seq in list(self._active):
                 self._release(seq, "error", EngineClosed("the engine was closed"))
+            if self.draft is not None:
+                self.draft.close()
             self.batch.close()
             self.ctx.close()
             if self._own_model:

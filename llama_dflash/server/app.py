@@ -364,6 +364,10 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             ("batch_rows_total", "counter", "Rows those decodes carried", st["rows_decoded"]),
             ("batch_mean_sequences", "gauge", "Mean sequences per decode (occupancy over the run)",
              st["mean_batch_sequences"]),
+            ("batch_prompt_tokens_total", "counter", "Prompt tokens of the requests the engine admitted",
+             st["prompt_tokens"]),
+            ("batch_cached_prompt_tokens_total", "counter",
+             "Prompt tokens a slot's cells already held (prefix reuse: not decoded again)", st["cached_tokens"]),
         ]
 
     return app

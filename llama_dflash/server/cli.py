@@ -130,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--api-key must not be empty (omit it to serve without a key on loopback)")
     model = args.model or smollm2_path()
     spec = build_spec(args, model)
-    if args.parallel > 1 and spec is not None and (spec.uses_draft_model or "auto" in spec.spec_types):
-        raise ValueError(f"--parallel {args.parallel} drafts with the n-gram types and lookup only "
-                         f"(--spec-type {','.join(spec.spec_types)} needs a draft model, which is not batched yet): "
-                         "serve the draft with --parallel 1, or pick --spec-type ngram-simple, lookup, ...")
+    if args.parallel > 1 and spec is not None and "auto" in spec.spec_types:
+        raise ValueError(f"--parallel {args.parallel} does not run --spec-type auto (its per-step choice between "
+                         "lookup and the draft is single-sequence): name the drafters, e.g. --spec-type "
+                         "draft-dspark, lookup,draft-dflash or ngram-simple, or serve auto with --parallel 1")
     threads = args.n_threads or physical_cores()
     llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
                 n_threads=threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,

@@ -152,13 +152,40 @@ def test_queue_limit_and_deadline(tiny_target):
         assert engine.n_active == 0 and engine.n_waiting == 0 and runner.admitted == 0
 
 
-def test_draft_model_with_parallel_is_refused(tiny_target, tiny_draft):
+def test_draft_model_answers_equal_the_one_at_a_time_server(tiny_target, tiny_draft, single_answers):
+    """With a DFlash draft, requests decoded together (one draft decode for every drafting request)
+    get the answers of the ordinary one-at-a-time server, each with its own speculative stats."""
+    single_answers = single_answers[0]
+    spec = SpecConfig(tiny_draft, draft_n_max=3)
+    with TestClient(_app(tiny_target, spec=spec)) as client:
+        got: dict[int, tuple] = {}
+        stats: dict[int, dict] = {}
+
+        def ask(i: int) -> None:
+            path, body = BODIES[i]
+            resp = client.post(path, json=body)
+            assert resp.status_code == 200, resp.text
+            got[i] = _text(resp.json())
+            stats[i] = resp.json()["speculative"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(BODIES))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [got[i] for i in range(len(BODIES))] == single_answers
+        assert all(st["algorithm"] == "draft-dflash" and st["draft_model_steps"] > 0 for st in stats.values())
+        assert 'llama_dflash_batch_slots{algorithm="draft-dflash"} 4' in client.get("/metrics").text
+
+
+def test_auto_with_parallel_is_refused(tiny_target, tiny_draft):
     from llama_dflash.server.cli import configure, run
 
     parser = argparse.ArgumentParser()
     configure(parser)
-    args = parser.parse_args(["--model", tiny_target, "--draft-model", tiny_draft, "--parallel", "2"])
-    with pytest.raises(ValueError, match="--parallel 2 drafts with the n-gram types and lookup only"):
+    args = parser.parse_args(["--model", tiny_target, "--draft-model", tiny_draft, "--spec-type", "auto",
+                              "--parallel", "2"])
+    with pytest.raises(ValueError, match="--parallel 2 does not run --spec-type auto"):
         run(args)
 
 
