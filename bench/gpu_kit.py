@@ -7,6 +7,7 @@ small enough that each device call's carry plus the working tree stays under the
         [--python-version X.Y]    the device's Python for binary wheels (default: bench/gpu_plan/device-packages.txt's)
         [--piece-mib N]           largest model piece (default 30)
         [--headroom-mib N]        room left in every call for the tree to grow (default 6)
+    python bench/gpu_kit.py --check [OUT_DIR]    check a made kit against the tree as it is now
 
 What it writes (bench/gpu_plan/README.md says which call carries what):
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -514,6 +514,39 @@ def _git(repo: Path, *args: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
+def check_kit(out: Path, repo: Path = ROOT) -> list[dict]:
+    """Check a made kit against the tree as it is NOW (run it right before the device calls: the
+    tree may have grown since the kit was made): every piece present with its manifest's sha256,
+    the same pyproject.toml (the wheels were resolved for it), and every call's carry plus the
+    tree under the limit.  Returns one row per call; raises KitError naming what is wrong."""
+    path = out / "manifest.json"
+    if not path.is_file():
+        raise KitError(f"{out}: no manifest.json (make the kit first: make gpu-kit)")
+    manifest = json.loads(path.read_text())
+    files = [("call1/" + w["file"], w["sha256"]) for w in manifest["wheels"]]
+    files.append(("call1/" + manifest["llama_cpp_python"]["file"], manifest["llama_cpp_python"]["sha256"]))
+    files += [(f"call{p['call']}/{p['file']}", p["sha256"]) for p in manifest["model"]["parts"]]
+    for rel, want in files:
+        if not (out / rel).is_file():
+            raise KitError(f"{out / rel}: missing (make the kit again: make gpu-kit)")
+        if sha256(out / rel) != want:
+            raise KitError(f"{out / rel}: sha256 differs from the manifest (make the kit again: make gpu-kit)")
+    if manifest.get("pyproject_sha256") != sha256(repo / "pyproject.toml"):
+        raise KitError("pyproject.toml changed since the kit was made (its wheels may no longer cover the "
+                       "dependencies): make the kit again (make gpu-kit)")
+    tree = tree_bytes(repo)
+    rows = []
+    for c in manifest["calls"]:
+        carried = dir_bytes(out / f"call{c['call']}")
+        rows.append({"call": c["call"], "carry": c["carry"], "carry_bytes": carried, "tree_bytes": tree,
+                     "with_tree_bytes": carried + tree, "limit_bytes": CALL_LIMIT})
+        if carried + tree > CALL_LIMIT - 4096:
+            raise KitError(f"call {c['call']} would carry {carried + tree} bytes now (tree {tree}, kit "
+                           f"{carried}), over the {CALL_LIMIT // MIB} MiB a call takes: make the kit again "
+                           f"(make gpu-kit), which cuts the pieces for the tree as it is")
+    return rows
+
+
 def summary(manifest: dict) -> str:
     lines = [f"gpu-kit for CPython {manifest['python']} (commit {manifest['commit'][:10] or '?'}), "
              f"tree {manifest['tree_bytes'] / MIB:.1f} MiB:"]
@@ -535,7 +568,23 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     ap.add_argument("--python-version")
     ap.add_argument("--piece-mib", type=float, default=30)
     ap.add_argument("--headroom-mib", type=float, default=6)
+    ap.add_argument("--check", action="store_true",
+                    help="check a made kit against the tree as it is now (pieces, sizes per call); makes nothing")
     a = ap.parse_args(None if argv is None else list(argv))
+    if a.check:
+        out = Path(a.out).resolve()
+        if out.parent != ROOT:
+            print(f"warning: {out} is not in the repository's top folder: a device call's carry names a path "
+                  f"there (gpu-kit/callN), so this kit cannot travel as it is", file=sys.stderr)
+        try:
+            rows = check_kit(out)
+        except KitError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for r in rows:
+            print(f"call {r['call']}: carry {r['carry']} {r['carry_bytes'] / MIB:.1f} MiB + tree "
+                  f"{r['tree_bytes'] / MIB:.1f} MiB = {r['with_tree_bytes'] / MIB:.1f} of {r['limit_bytes'] // MIB} MiB")
+        return 0
     try:
         manifest = make_kit(Path(a.out).resolve(), sdist=a.sdist, model=a.model, python=a.python_version,
                             piece_mib=a.piece_mib, headroom_mib=a.headroom_mib)
