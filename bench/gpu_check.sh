@@ -13,6 +13,15 @@
 # device facts into OUT_DIR.  Without a GPU it says so in one line and runs the CPU part.
 # Sized for 10 minutes on a 16-core machine with one H200.
 #
+# This is for YOUR OWN GPU machine, online: the build downloads the sdist and pip's build tools
+# (build isolation), and `make gpu-check` first runs `make setup` (the train extra pins
+# torch==2.13.0).  A GPU machine with no package index and no network (such as the lent one:
+# PyTorch 2.11 preinstalled, 64 MiB per call, 10 minutes per command) takes the device plan
+# instead: `make gpu-kit` on a machine with the index, then the three calls of
+# bench/gpu_plan/README.md.  Where a CUDA build is needed and no index answers, this script says so
+# and stops before building, unless LLAMA_CPP_SRC is a local sdist and scikit-build-core is
+# installed (then it builds with --no-build-isolation, offline).
+#
 # Environment (to shrink it, e.g. in CI):
 #   GPU_CHECK_PYTHON   interpreter with llama-dflash installed (default: .venv/bin/python, else python3)
 #   GPU_CHECK_TOKENS   generation lengths                 (default 512,1024,2048)
@@ -88,15 +97,35 @@ backend() {
   "$py" -c 'from llama_dflash.bench.backend import backend_info; print(backend_info().name)' 2>/dev/null
 }
 
+# whether pip reaches a package index (one small download, no retries)
+index_answers() {
+  local tmp rc
+  tmp=$(mktemp -d)
+  timeout 90 "$py" -m pip download -q --no-deps --no-cache-dir --retries 0 --timeout 15 -d "$tmp" \
+    scikit-build-core >/dev/null 2>&1
+  rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+
 if [ "$gpu" = 1 ] && [ "${GPU_CHECK_BUILD:-1}" != 0 ]; then
   if [ "$(backend)" = CUDA ]; then
     step "llama-cpp-python already runs on CUDA: no rebuild"
   else
     args=$(cmake_args cuda) || exit 2
+    isolation=()
+    if ! index_answers; then
+      if [ -f "$LLAMA_CPP_SRC" ] && "$py" -c 'import scikit_build_core' 2>/dev/null; then
+        step "no package index answers: building from $LLAMA_CPP_SRC with the installed build tools (--no-build-isolation)"
+        isolation=(--no-build-isolation)
+      else
+        die "no package index answers from here, and building llama-cpp-python needs one (its sdist, pip's build tools). On a GPU machine without network take the device plan: 'make gpu-kit' on a machine with the index, then the three calls in bench/gpu_plan/README.md. (Or set LLAMA_CPP_SRC to a local sdist with scikit-build-core installed.)"
+      fi
+    fi
     step "building llama-cpp-python with CMAKE_ARGS='$args' (log: build.log)"
     CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$py" -m pip install --no-cache-dir \
-      --force-reinstall --no-deps --no-binary llama-cpp-python "$LLAMA_CPP_SRC" > "$out/build.log" 2>&1 ||
-      die "the CUDA build failed; see $out/build.log"
+      --force-reinstall --no-deps --no-binary llama-cpp-python ${isolation[@]+"${isolation[@]}"} "$LLAMA_CPP_SRC" \
+      > "$out/build.log" 2>&1 || die "the CUDA build failed; see $out/build.log"
   fi
 fi
 
