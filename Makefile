@@ -1,7 +1,10 @@
 # Entry points that work on a fresh machine:
 #   make bench   set everything up, then benchmark the embedded default pair (cost table, oracle ceiling)
 #   make test    set everything up, then run the whole test suite (slow SmolLM2 tests included)
-#   make gpu-check   the one-shot GPU check (bench/gpu_check.sh): CUDA build, tests, sweep, report
+#   make gpu-check   the one-shot GPU check (bench/gpu_check.sh) on your own GPU machine with network:
+#                    CUDA build, tests, sweep, report
+#   make gpu-kit     the offline kit for a GPU machine with no package index (bench/gpu_kit.py, into
+#                    gpu-kit/, git-ignored): what the device plan's three calls carry (bench/gpu_plan/README.md)
 # Add GPU=cuda|metal|vulkan|rocm to any of them to (re)build llama-cpp-python with that backend.
 PYTHON ?= python3
 VENV   := .venv
@@ -17,8 +20,10 @@ LLAMA_CPP_SRC ?= llama-cpp-python==0.3.36
 # ~2-3 minutes on a 2-core CPU: ordinary vs three draft lengths and auto, the oracle at each fixed length
 BENCH_ARGS ?= --sweep-draft-tokens 1,2,4,auto --oracle --runs 2 --max-tokens 192
 GPU_CHECK_OUT ?= gpu-check
+# arguments of bench/gpu_kit.py (e.g. --sdist PATH for an sdist already downloaded)
+GPU_KIT_ARGS ?=
 
-.PHONY: setup bench test clean gpu-check gpu-toolkit
+.PHONY: setup bench test clean gpu-check gpu-toolkit gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +65,10 @@ test: setup
 
 gpu-check: setup
 	GPU_CHECK_PYTHON=$(BIN)/python bench/gpu_check.sh $(GPU_CHECK_OUT)
+
+# needs the package index here (the sdist, the wheels the device lacks); the default model from setup
+gpu-kit: $(STAMP)
+	$(BIN)/python bench/gpu_kit.py gpu-kit $(GPU_KIT_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
