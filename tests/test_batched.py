@@ -318,7 +318,8 @@ def dspark_conf(tiny_dir, tiny_target):
 
 
 @pytest.mark.parametrize("which,k,spec_kw", [("attentive", 4, {}), ("dspark", 5, {"draft_p_min": 0.3}),
-                                             ("dspark", 7, {})])
+                                             ("dspark", 7, {}), ("attentive", 4, {"backend_sampling": True}),
+                                             ("dspark", 5, {"draft_p_min": 0.3, "backend_sampling": True})])
 def test_draft_proposals_per_sequence_equal_the_single_engines(tiny_target, prompts, reference, attentive,
                                                                dspark_conf, which, k, spec_kw):
     """Four requests drafting together get, block for block, the proposals the single-sequence
@@ -326,8 +327,10 @@ def test_draft_proposals_per_sequence_equal_the_single_engines(tiny_target, prom
     positions, and one decode of four blocks reads as four decodes of one (the DSpark Markov head
     and confidence cut included)."""
     draft = attentive if which == "attentive" else dspark_conf
-    spec = SpecConfig(draft, draft_n_max=k, backend_sampling=False, **spec_kw)
+    spec = SpecConfig(draft, draft_n_max=k, **{"backend_sampling": False, **spec_kw})
+    backend = spec_kw.pop("backend_sampling", False)
     with _engine(tiny_target, n_seq=4, spec=spec) as engine:
+        assert engine.draft.backend_sampling_active is backend  # top-k chains on the draft context, one per slot
         seen = _record_batched(engine)
         seqs = [engine.submit(p, max_tokens=MAX) for p in prompts]
         while not all(s.done for s in seqs):

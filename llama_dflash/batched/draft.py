@@ -35,7 +35,7 @@ from .._llama import BatchExt, Context, Model
 from ..config import SpecConfig
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..inspect import DraftInfo
-from ..proposers.dflash import CANDIDATES, selector_walk
+from ..proposers.dflash import CANDIDATES, _backend_sampling_choice, _report_fallback, selector_walk
 from ..target import float_view
 
 __all__ = ["BatchedDraft", "Block"]
@@ -58,8 +58,10 @@ class BatchedDraft:
                  n_seq: int, n_ctx_seq: int, n_threads: int, n_gpu_layers: int):
         self.info = info
         self.n_seq = n_seq
-        self.model = Model(info.path, n_gpu_layers=spec.draft_gpu_layers(n_gpu_layers), repack=target_model.repack)
+        self.n_gpu_layers = spec.draft_gpu_layers(n_gpu_layers)
+        self.model = Model(info.path, n_gpu_layers=self.n_gpu_layers, repack=target_model.repack)
         self.ctx: Optional[Context] = None
+        self._chains: list[int] = []
         self.inject_batch: Optional[BatchExt] = None
         self.block_batch: Optional[BatchExt] = None
         try:
@@ -104,7 +106,15 @@ class BatchedDraft:
         params.n_threads_batch = n_threads
         params.no_perf = True
         params.ctx_other = target_ctx.ptr
+        want_backend, self.backend_sampling_reason = _backend_sampling_choice(spec, info, self.n_gpu_layers)
+        if want_backend:
+            # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
+            params.n_outputs_max_per_seq = info.block_size
         self.ctx = Context(self.model, params)
+        if want_backend:
+            self._attach_backend_samplers()
+        elif spec.backend_sampling is True:
+            _report_fallback(self.backend_sampling_reason)
         self.inject_batch = BatchExt(self.ctx)
         self.block_batch = BatchExt(self.ctx)
         ll.llama_set_causal_attn(self.ctx.ptr, info.causal_attention)
@@ -120,7 +130,54 @@ class BatchedDraft:
         self.inject_seconds = 0.0
         self.blocks = 0
 
+    # ---- top-k candidates on the backend (one chain per slot, as llama.cpp's server attaches them) ----
+    def _attach_backend_samplers(self) -> None:
+        ctx = self.ctx.ptr
+        for sid in range(self.n_seq):
+            chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+            if chain:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(CANDIDATES))
+            if not chain or not ll.llama_set_sampler(ctx, sid, chain):
+                if chain:
+                    ll.llama_sampler_free(chain)
+                self._detach_backend_samplers(ctx)
+                self.backend_sampling_reason = "llama_set_sampler refused the top-k chain (backend cannot offload it)"
+                _report_fallback(self.backend_sampling_reason)
+                return
+            self._chains.append(chain)
+        self.backend_sampling_reason = None
+        self.ctx.on_close(lambda: self._detach_backend_samplers(ctx))  # before llama_free, whoever closes it
+
+    def _detach_backend_samplers(self, ctx_ptr: Optional[int] = None) -> None:
+        chains, self._chains = self._chains, []
+        for sid, chain in enumerate(chains):
+            if ctx_ptr is not None:
+                ll.llama_set_sampler(ctx_ptr, sid, None)
+            ll.llama_sampler_free(chain)
+
+    @property
+    def backend_sampling_active(self) -> bool:
+        return bool(self._chains)
+
+    def _backend_top(self, r: int, with_prob: bool) -> Optional[tuple[int, float]]:
+        """Row r's top candidate from the backend chain (ties: lowest id) and, if asked, its
+        probability over the candidates; None when the backend gave nothing for the row."""
+        ctx = self.ctx.ptr
+        n_c = int(ll.llama_get_sampled_candidates_count_ith(ctx, r))
+        ids_p = ll.llama_get_sampled_candidates_ith(ctx, r)
+        lg_p = ll.llama_get_sampled_logits_ith(ctx, r)
+        n_l = int(ll.llama_get_sampled_logits_count_ith(ctx, r)) if lg_p else 0
+        if not (ids_p and lg_p and n_c > 0 and n_l == n_c):
+            return None
+        logits = float_view(lg_p, (n_c,))
+        top = logits.max()
+        best = np.flatnonzero(logits == top)
+        tok = min(int(ids_p[int(j)]) for j in best)
+        return tok, (float(1.0 / np.exp(logits - top).sum()) if with_prob else 1.0)
+
     def close(self) -> None:
+        if getattr(self, "ctx", None) is not None and not self.ctx.closed:
+            self._detach_backend_samplers(self.ctx.ptr)
         for owner in ("inject_batch", "block_batch", "ctx"):
             h = getattr(self, owner, None)
             if h is not None:
@@ -192,23 +249,32 @@ class BatchedDraft:
             return
         self.flush()
         t0 = time.perf_counter()
-        b, n_block, mask = self.block_batch, self.n_block, self.info.mask_token_id
-        outputs = not self.info.is_dflash2
-        b.clear()
-        for blk in blocks:
-            b.add_token(blk.id_last, blk.pos, outputs, blk.seq_id)
-            for i in range(1, n_block):
-                b.add_token(mask, blk.pos + i, outputs, blk.seq_id)
         try:
-            rc = b.process()
-            if rc != 0:
-                raise LlamaCallError(f"draft block decode of {len(blocks)} sequences failed (llama_process returned {rc})")
-            self._read(blocks)
+            self._decode_blocks(blocks)
+            if not self._chains:
+                self._read(blocks)
+            elif not self._read_backend(blocks):  # the backend gave no candidates: again, on the CPU path
+                for blk in blocks:
+                    self.ctx.seq_rm(blk.seq_id, blk.pos, -1)
+                self._decode_blocks(blocks)
+                self._read(blocks)
         finally:
             for blk in blocks:  # keep only the injected features: the blocks' own K/V must not stay
                 self.ctx.seq_rm(blk.seq_id, blk.pos, -1)
             self.draft_seconds += time.perf_counter() - t0
             self.blocks += 1
+
+    def _decode_blocks(self, blocks: Sequence[Block]) -> None:
+        b, n_block, mask = self.block_batch, self.n_block, self.info.mask_token_id
+        outputs = not self.info.is_dflash2  # every row an output (see DFlashProposer._draft_block)
+        b.clear()
+        for blk in blocks:
+            b.add_token(blk.id_last, blk.pos, outputs, blk.seq_id)
+            for i in range(1, n_block):
+                b.add_token(mask, blk.pos + i, outputs, blk.seq_id)
+        rc = b.process()
+        if rc != 0:
+            raise LlamaCallError(f"draft block decode of {len(blocks)} sequences failed (llama_process returned {rc})")
 
     def _read(self, blocks: Sequence[Block]) -> None:
         n_block, ctx = self.n_block, self.ctx.ptr
@@ -226,11 +292,8 @@ class BatchedDraft:
             raise LlamaCallError("the draft blocks produced no logits")
         rows = float_view(ptr, (len(blocks) * n_block, self.n_vocab))
         dspark = self.info.algorithm == "dspark"
-        conf = None
-        if dspark and self.p_min > 0:
-            # no confidences (a NULL pointer): llama.cpp's driver drafts without the filter, so do we
-            cptr = ext.llama_get_embeddings_nextn(ctx)
-            conf = float_view(cptr, (len(blocks) * n_block, self.n_embd))[:, 0] if cptr else None
+        # no confidences (a NULL pointer): llama.cpp's driver drafts without the filter, so do we
+        conf = self._confidences(len(blocks) * n_block)
         with_prob = not dspark and self.p_min > 0
         first = self.first_slot
         if conf is None and not with_prob:
@@ -253,6 +316,39 @@ class BatchedDraft:
                         break
                 out.append(tok)
             blk.tokens = self._cut(out)
+
+    def _confidences(self, n_rows: int) -> Optional[np.ndarray]:
+        if self.info.algorithm != "dspark" or self.p_min <= 0:
+            return None
+        cptr = ext.llama_get_embeddings_nextn(self.ctx.ptr)
+        return float_view(cptr, (n_rows, self.n_embd))[:, 0] if cptr else None
+
+    def _read_backend(self, blocks: Sequence[Block]) -> bool:
+        """The blocks' tokens from the backend's top-k candidates (no vocabulary-wide rows cross to
+        the host); False, and the CPU path for good, where the backend gave none."""
+        n_block, first = self.n_block, self.first_slot
+        conf = self._confidences(len(blocks) * n_block)
+        with_prob = self.info.algorithm != "dspark" and self.p_min > 0
+        proposals = []
+        for j in range(len(blocks)):
+            out: list[int] = []
+            for i in range(first, n_block):
+                r = j * n_block + i
+                if conf is not None and conf[r] < self.p_min:
+                    break
+                got = self._backend_top(r, with_prob)
+                if got is None:
+                    self._detach_backend_samplers(self.ctx.ptr)
+                    self.backend_sampling_reason = f"no sampled candidates for draft row {r}"
+                    _report_fallback(self.backend_sampling_reason)
+                    return False
+                if got[1] < self.p_min:
+                    break
+                out.append(got[0])
+            proposals.append(out)
+        for blk, out in zip(blocks, proposals):
+            blk.tokens = self._cut(out)
+        return True
 
     def _cut(self, tokens: list[int]) -> list[int]:
         return [] if len(tokens) < self.n_min else tokens[: self.n_max]
