@@ -8,7 +8,9 @@
 # engine's ceiling at that size on this GPU, and with the cost model the speedup any tau would
 # give.  Back in OUT: shapes.json, shapes.md, one bench JSON per shape, plan.log.
 #
-#   GPU_PLAN_SHAPES         shapes to run (default "1b 4b 8b"; see llama_dflash/bench/shapes.py)
+#   GPU_PLAN_SHAPES         shapes to run (default "1b 4b 8b"; see llama_dflash/bench/shapes.py), or
+#                           "skip": only gather this call's pieces and finish the build (a machine
+#                           that went cold: README.md)
 #   GPU_PLAN_SHAPE_TOKENS   tokens per run (default 128)
 #   GPU_PLAN_SHAPE_DRAFTS   draft lengths (default 1,2,4,8)
 #   GPU_PLAN_BENCH_ARGS     extra `llama-dflash bench` arguments for every run here and in step 3
@@ -21,6 +23,12 @@ gather_pieces
 finish_build 60
 
 shapes=${GPU_PLAN_SHAPES:-1b 4b 8b}
+if [ "$shapes" = skip ]; then
+  log "GPU_PLAN_SHAPES=skip: pieces gathered and the build finished, no shapes measured"
+  shapes=""
+else
+  rm -f "$RESULTS/shapes.json" "$RESULTS/shapes.md"  # what comes back is this call's
+fi
 tokens=${GPU_PLAN_SHAPE_TOKENS:-128}
 drafts=${GPU_PLAN_SHAPE_DRAFTS:-1,2,4,8}
 n=$(echo $shapes | wc -w)
@@ -56,6 +64,7 @@ if [ ${#jsons[@]} -gt 0 ]; then
   "$VPY" -m llama_dflash.bench.shapes summarize "${jsons[@]}" --json "$RESULTS/shapes.json" \
     --md "$RESULTS/shapes.md" > /dev/null || { log "summary FAILED"; status=1; }
 fi
-give "$RESULTS/shapes.json" "$RESULTS/shapes.md" "${jsons[@]}"
+# (skip: nothing measured in this call, so nothing of an earlier one is handed back as new)
+[ -n "$shapes" ] && give "$RESULTS/shapes.json" "$RESULTS/shapes.md" "${jsons[@]}"
 finish
 exit $status

@@ -88,6 +88,13 @@ def rehearsal(tmp_path_factory):
         proc = subprocess.run(["bash", str(PLAN / f"{step}.sh")], env={**env, "OUT": str(out)}, cwd=work,
                               capture_output=True, text=True, timeout=300)
         runs[step] = (proc, out, time.time() - t0)
+    # a step 2 that only gathers its pieces (how a machine gone cold is brought back: README.md)
+    out = work / "out" / "step2_skip"
+    out.mkdir(parents=True)
+    t0 = time.time()
+    proc = subprocess.run(["bash", str(PLAN / "step2_shapes.sh")], env={**env, "OUT": str(out), "GPU_PLAN_SHAPES": "skip"},
+                          cwd=work, capture_output=True, text=True, timeout=120)
+    runs["step2_skip"] = (proc, out, time.time() - t0)
     return {"runs": runs, "env": env, "work": work, "cuda": cuda, "manifest": manifest}
 
 
@@ -132,6 +139,13 @@ def test_rehearsal_step2_measures_the_shaped_targets(rehearsal):
         assert set(row["oracle_decode_speedup"]) == {"1", "2"}
         assert [p["label"] for p in row["predicted"]][:2] == ["ours, chat", "ours, raw code"]
     assert "| k | verify k+1 rows / decode |" in (out / "shapes.md").read_text()
+
+
+@pytest.mark.slow
+def test_rehearsal_step2_skip_only_gathers(rehearsal):
+    proc, out = _ok(rehearsal, "step2_skip")
+    assert set(_out_files(out)) == {"plan.log"}
+    assert "GPU_PLAN_SHAPES=skip" in proc.stdout and "kit: 3 call folder(s) carried" in proc.stdout
 
 
 @pytest.mark.slow
