@@ -385,3 +385,49 @@ def test_lookup_chained_with_the_draft(tiny_target, prompts, reference, attentiv
     assert [s.output for s in seqs] == reference
     model = sum(s.stats.draft_model_steps for s in seqs)
     assert 0 < model < sum(s.stats.verification_steps for s in seqs)  # both drafted, on different steps
+
+
+def test_host_prompt_cache_restores_a_prompt_no_slot_holds(tiny_target, prompts, reference, attentive):
+    """One slot, three prompts in turn: each evicts the last one's cells, which are saved to host
+    memory first; asked again, a prompt's state is restored, not prefilled, and the answer and the
+    draft's proposals (its stream is restored too) are the ones it gets alone."""
+    spec = SpecConfig(attentive, draft_n_max=3, backend_sampling=False)
+    with _engine(tiny_target, n_seq=1, spec=spec) as engine:
+        for i in (0, 3, 5):
+            assert engine.generate([prompts[i]], max_tokens=MAX) == [reference[i]]
+        seen = _record_batched(engine)
+        again = engine.submit(prompts[0], max_tokens=MAX)
+        while not again.done:
+            engine.step()
+        stats = engine.stats()
+    assert again.stats.cached_tokens == len(prompts[0]) - 1 and again.output == reference[0]
+    assert stats["restored_tokens"] == len(prompts[0]) - 1 and stats["prompt_cache_entries"] >= 2
+    single, _ = _single_proposals(tiny_target, attentive, prompts[0], 3, MAX)
+    _same_where_both_drafted(seen[again], single, 0)
+    with _engine(tiny_target, n_seq=1, cache_mib=0) as engine:
+        for i in (0, 3, 0):
+            out = engine.submit(prompts[i], max_tokens=MAX)
+            while not out.done:
+                engine.step()
+        shared = next(j for j, (a, b) in enumerate(zip(prompts[0], prompts[3])) if a != b)  # (the BOS token)
+        assert out.stats.cached_tokens == shared < 3 and out.output == reference[0]
+        assert engine.stats()["prompt_cache_entries"] == 0
+    with pytest.raises(ValueError, match="cache_mib"):
+        _engine(tiny_target, cache_mib=-1)
+
+
+def test_prompt_cache_limits_and_lookup():
+    from llama_dflash.batched.prompt_cache import PromptCache
+
+    cache = PromptCache(1000)
+    buf = bytearray(300)
+    cache.put([1, 2, 3, 4], buf)
+    cache.put([1, 2, 9, 9, 9], buf)
+    entry, n = cache.best([1, 2, 3, 4, 5])
+    assert n == 4 and list(entry.tokens) == [1, 2, 3, 4]
+    cache.put([1, 2, 3, 4, 5, 6], buf)  # supersedes its own prefix [1, 2, 3, 4]
+    assert len(cache) == 2
+    cache.put([7, 7], buf)
+    cache.put([8, 8], buf)  # over 1000 bytes: the least recently used ([1, 2, 9, 9, 9]) goes
+    assert len(cache) == 3 and cache.best([1, 2, 9])[1] == 2 and cache.nbytes <= 1000
+    assert cache.best([5])[0] is None

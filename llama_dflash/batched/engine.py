@@ -57,10 +57,13 @@ from ..sampling import Sampler, SamplingParams
 from ..target import FLASH_ATTN_TYPES, float_view
 from .draft import BatchedDraft, Block
 from .lengths import StepLengths
+from .prompt_cache import PromptCache, load_seq_state, save_seq_state
 
 __all__ = ["BatchedEngine", "Sequence_", "SeqStats", "physical_cores", "EngineClosed"]
 
 DEFAULT_DRAFT_N_MAX = 8  # a token drafter's longest draft when the SpecConfig says "auto"
+DEFAULT_CACHE_MIB = 512  # host memory for saved slot states (llama-server's --cache-ram)
+_MIN_CACHED = 4  # fewer tokens than this are not worth saving or restoring a state for
 
 
 class EngineClosed(RuntimeError):
@@ -255,11 +258,15 @@ class BatchedEngine:
     `max_rows`: rows a step may verify across all sequences (default n_batch).
     `prefix_reuse`: a slot keeps its last request's cache cells, and a new request goes to the free
     slot whose cells share the longest prefix with its prompt; only the rest is prefilled (as
-    llama-server's `cache_prompt` and llama-cpp-python's own prefix reuse do)."""
+    llama-server's `cache_prompt` and llama-cpp-python's own prefix reuse do).
+    `cache_mib`: host memory for the states of slots about to be overwritten (`prompt_cache`), so
+    that a prompt seen before but no longer in any slot is restored, not prefilled (llama-server's
+    `--cache-ram`); 0: none."""
 
     def __init__(self, model: "str | Model", *, n_seq: int = 4, n_ctx_seq: int = 2048, n_batch: int = 512,
                  n_threads: Optional[int] = None, flash_attn: str = "on", spec: Any = None,
-                 n_gpu_layers: int = -1, max_rows: Optional[int] = None, prefix_reuse: bool = True):
+                 n_gpu_layers: int = -1, max_rows: Optional[int] = None, prefix_reuse: bool = True,
+                 cache_mib: float = DEFAULT_CACHE_MIB):
         if not isinstance(n_seq, int) or n_seq < 1:
             raise ValueError(f"n_seq must be an integer >= 1, not {n_seq!r}")
         if n_ctx_seq < 16:
@@ -336,6 +343,10 @@ class BatchedEngine:
         self._free_ids = list(range(n_seq))
         self.prefix_reuse = bool(prefix_reuse)
         self._cached: dict[int, list[int]] = {}  # slot -> the tokens its cells hold (positions 0..)
+        if not cache_mib >= 0:
+            raise ValueError(f"cache_mib must be >= 0, not {cache_mib!r}")
+        self.prompt_cache = PromptCache(int(cache_mib * (1 << 20))) if prefix_reuse and cache_mib > 0 else None
+        self.restored_tokens = 0
         self._waiting: collections.deque[Sequence_] = collections.deque()
         self._active: list[Sequence_] = []
         self._lock = threading.Lock()
@@ -518,7 +529,7 @@ class BatchedEngine:
         t0 = time.perf_counter()
         b, sid, prompt = self.batch, seq.seq_id, seq.prompt
         n = len(prompt)
-        n_keep = min(_common_prefix(self._cached.pop(sid, ()), prompt), n - 1) if self.prefix_reuse else 0
+        n_keep = self._reuse(sid, prompt)
         self.ctx.seq_rm(sid, n_keep, -1)
         if self.draft is not None:
             self.draft.truncate(sid, n_keep)
@@ -546,6 +557,45 @@ class BatchedEngine:
         seq.prefilled = True
         tok = seq.sampler.sample(self.ctx.ptr, n_rows - 1)
         self._commit_token(seq, tok)
+
+    def _reuse(self, sid: int, prompt: list[int]) -> int:
+        """How many leading prompt tokens the slot's cells hold once it is ready for `prompt`: its
+        own cells' common prefix, or a saved state's where that is longer (restored into the slot;
+        the cells it replaces are saved first).  At most len(prompt) - 1: the last token's logits
+        are needed."""
+        if not self.prefix_reuse:
+            return 0
+        old = self._cached.pop(sid, [])
+        n_keep = _common_prefix(old, prompt)
+        cache = self.prompt_cache
+        if cache is not None:
+            if len(old) - n_keep >= _MIN_CACHED:
+                self._save_slot(sid, old)
+            entry, n = cache.best(prompt)
+            if entry is not None and min(n, len(prompt) - 1) - n_keep >= _MIN_CACHED and self._load_slot(sid, entry):
+                n_keep = n
+                cache.hits += 1
+                self.restored_tokens += min(n, len(prompt) - 1)
+        return min(n_keep, len(prompt) - 1)
+
+    def _save_slot(self, sid: int, tokens: list[int]) -> None:
+        if self.draft is not None:
+            self.draft.flush()  # the slot's queued features belong in the state saved
+        target = save_seq_state(self.ctx.ptr, sid)
+        if target is None:
+            return
+        draft = save_seq_state(self.draft.ctx.ptr, sid) if self.draft is not None else None
+        self.prompt_cache.put(tokens, target, draft)
+
+    def _load_slot(self, sid: int, entry: Any) -> bool:
+        if not load_seq_state(self.ctx.ptr, sid, entry.target):
+            self.ctx.seq_rm(sid, -1, -1)
+            return False
+        if self.draft is not None:
+            self.draft.truncate(sid, 0)
+            if entry.draft is not None:  # without it the draft lacks the prefix's features: weaker drafts, same answers
+                load_seq_state(self.draft.ctx.ptr, sid, entry.draft)
+        return True
 
     def _commit_token(self, seq: Sequence_, tok: int) -> bool:
         """Emit `tok`; end the sequence (True) on an end-of-generation token or its limits."""
@@ -687,6 +737,9 @@ class BatchedEngine:
         """Engine-wide counters: steps, rows, mean sequences per step (occupancy), queue."""
         return {"n_seq": self.n_seq, "active": self.n_active, "waiting": self.n_waiting, "steps": self.steps,
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "restored_tokens": self.restored_tokens,
+                "prompt_cache_entries": len(self.prompt_cache) if self.prompt_cache is not None else 0,
+                "prompt_cache_bytes": self.prompt_cache.nbytes if self.prompt_cache is not None else 0,
                 "rows_decoded": self.rows_decoded, "sequences_decoded": self.seqs_in_steps,
                 "mean_batch_sequences": self.seqs_in_steps / self.steps if self.steps else 0.0,
                 "decode_seconds": self.decode_seconds,

@@ -368,6 +368,9 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
              st["prompt_tokens"]),
             ("batch_cached_prompt_tokens_total", "counter",
              "Prompt tokens a slot's cells already held (prefix reuse: not decoded again)", st["cached_tokens"]),
+            ("batch_restored_prompt_tokens_total", "counter",
+             "Of those, prompt tokens restored from the host prompt cache (--cache-ram)", st["restored_tokens"]),
+            ("prompt_cache_bytes", "gauge", "Host memory the saved slot states take", st["prompt_cache_bytes"]),
         ]
 
     return app

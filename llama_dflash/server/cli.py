@@ -67,6 +67,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "N slots of --n-ctx each in one context and puts every running request's rows in one "
                              "decode per step (continuous batching); requests with a grammar, logprobs or "
                              "logit_bias are served one at a time beside it (default %(default)s)")
+    parser.add_argument("--cache-ram", type=float, default=512, metavar="MIB",
+                        help="with --parallel > 1: host memory (MiB) for the states of slots about to be "
+                             "overwritten, so that a prompt seen before is restored, not prefilled "
+                             "(llama-server's --cache-ram; 0: none; default %(default)s)")
     parser.add_argument("--n-ctx", type=int, default=2048, help="context of each request (each slot with --parallel)")
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--n-threads", type=int, default=None,
@@ -114,7 +118,8 @@ def batched_engine(llm: Any, args: argparse.Namespace, spec: Any, threads: int) 
     model = Model.borrow(llm._model.model, llm.model_path, getattr(llm, "_repack", False),
                          n_gpu_layers=int(llm.model_params.n_gpu_layers))
     return BatchedEngine(model, n_seq=args.parallel, n_ctx_seq=args.n_ctx, n_batch=args.n_batch, n_threads=threads,
-                         flash_attn=args.flash_attn, spec=spec if spec is not None and spec.spec_types else None)
+                         flash_attn=args.flash_attn, spec=spec if spec is not None and spec.spec_types else None,
+                         cache_mib=getattr(args, "cache_ram", 512))
 
 
 def run(args: argparse.Namespace) -> int:
