@@ -50,6 +50,8 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MIB = 1 << 20
 #: what one device call carries: the working tree plus its carry paths
 CALL_LIMIT = 64 * MIB
+#: the device plan's calls (bench/gpu_plan/step1..3): a kit needing more has no script to carry it
+PLAN_CALLS = 3
 #: the extras the plan's tests and reports import (the train extra is torch: the device has its own)
 EXTRAS = "test,server,plot"
 #: shipped even where the device image has them: the build tools whose versions decide how
@@ -455,6 +457,9 @@ def make_kit(out: Path, *, sdist: Optional[str] = None, model: Optional[str] = N
                        f"leave no room in a {CALL_LIMIT // MIB} MiB call")
     total = model_path.stat().st_size
     groups = split_sizes(total, first_room, int(piece_mib * MIB), room)
+    if len(groups) > PLAN_CALLS:
+        raise KitError(f"the model needs {len(groups)} calls beside the tree ({tree / MIB:.1f} MiB), and the device "
+                       f"plan has {PLAN_CALLS}: shrink the tree (untracked files travel too) or --headroom-mib")
     n_parts = sum(len(g) for g in groups)
     log(f"gpu-kit: {model_path.name} ({total / 1e6:.1f} MB) in {n_parts} pieces over {len(groups)} calls")
     parts, paths, sizes = [], [], []

@@ -186,7 +186,8 @@ def _check_kit(out: Path, manifest: dict, python: str) -> None:
     tree = kit.tree_bytes(ROOT)
     assert abs(manifest["tree_bytes"] - tree) < 2 * MIB  # measured from this tree
     calls = manifest["calls"]
-    assert len(calls) == 3  # the source and wheels, then the model over three calls
+    # the source and wheels, then the model over the plan's three calls (one script each)
+    assert len(calls) == kit.PLAN_CALLS == 3
     for c in calls:
         carried = kit.dir_bytes(out / f"call{c['call']}")
         assert carried == c["carry_bytes"]
@@ -282,3 +283,20 @@ def test_check_kit_measures_the_calls_against_the_tree_now(gpu_kit_host, tmp_pat
         kit.check_kit(out)
     with pytest.raises(kit.KitError, match="no manifest.json"):
         kit.check_kit(tmp_path)
+
+
+def test_a_kit_needing_more_calls_than_the_plan_has_is_refused(tmp_path, monkeypatch):
+    """The plan has three calls: where the tree leaves too little room for the model in three, the
+    kit is refused before any piece is written."""
+    sdist = tmp_path / kit.SDIST_NAME
+    _fake_sdist(sdist)
+    model = tmp_path / "model.gguf"
+    with open(model, "wb") as fh:
+        fh.truncate(60 * MIB)  # sparse
+    monkeypatch.setattr(kit, "get_sdist", lambda given: sdist)
+    monkeypatch.setattr(kit, "build_our_wheel", lambda dest: dest)
+    monkeypatch.setattr(kit, "gather_wheels", lambda *a: [])
+    monkeypatch.setattr(kit, "tree_bytes", lambda repo: 40 * MIB)  # 64 - 40 - 6: 18 MiB per call
+    with pytest.raises(kit.KitError, match="needs 4 calls beside the tree .* the device plan has 3"):
+        kit.make_kit(tmp_path / "gpu-kit", model=str(model), log=lambda _m: None)
+    assert not list((tmp_path / "gpu-kit").rglob("*.part*"))
