@@ -22,6 +22,8 @@ from llama_cpp import llama_cpp as ll
 
 __all__ = ["TokenBatch", "logits_addr", "logits_ith_addr"]
 
+_SMALL = 32  # up to this many rows a Python loop over a memoryview beats numpy's per-call cost
+
 
 def _addr_function(name: str, argtypes: list) -> "ctypes._CFuncPtr":
     # a fresh function object (CDLL item access does not cache): llama-cpp-python's own binding of
@@ -53,11 +55,18 @@ class TokenBatch:
         self.n_seq_id = np.ones(n_max, dtype=np.int32)
         self.seq_id = np.full(n_max, seq_id, dtype=np.int32)
         self.logits = np.zeros(n_max, dtype=np.int8)
-        self._ramp = np.arange(n_max, dtype=np.int32)
+        self._ramp = np.arange(max(n_max, 4096), dtype=np.int32)  # positions are slices of it
+        self._fill: tuple = ()  # (fill token, n) rows 1..n-1 of the last block hold
         # llama_batch.seq_id is one pointer per row to that row's seq ids: here into self.seq_id
         base, step = self.seq_id.ctypes.data, self.seq_id.itemsize
         self._seq_ptrs = (ctypes.c_void_p * n_max)(*(base + i * step for i in range(n_max)))
         self.n = 0
+        # small batches (a verify batch, a draft block) are written through memoryviews, which
+        # cost a fraction of a numpy call per row; the positions come from a slice of a ramp
+        self._tok_mv = memoryview(self.token)
+        self._pos_mv = memoryview(self.pos)
+        self._ramp_mv = memoryview(self._ramp)
+        self._out_state: tuple = ()  # (how, n) the logits flags were last filled for
         self.struct = ll.llama_batch(
             n_tokens=0,
             token=self.token.ctypes.data_as(ctypes.POINTER(ll.llama_token)),
@@ -73,17 +82,22 @@ class TokenBatch:
         n = len(tokens)
         if not 0 < n <= self.n_max:
             raise ValueError(f"a batch of {n} tokens does not fit {self.n_max} rows")
-        self.token[:n] = tokens
-        np.add(self._ramp[:n], pos0, out=self.pos[:n])
-        out = self.logits[:n]
-        if logits == "all":
-            out.fill(1)
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'none', 'last' or 'all', not {logits!r}")
+        self._fill = ()
+        if n <= _SMALL:
+            tok = self._tok_mv
+            for i, t in enumerate(tokens):
+                tok[i] = t  # an id outside int32 raises (ValueError), as with numpy
         else:
-            out.fill(0)
-            if logits == "last":
-                out[n - 1] = 1
-            elif logits != "none":
-                raise ValueError(f"logits must be 'none', 'last' or 'all', not {logits!r}")
+            self.token[:n] = tokens
+        end = pos0 + n
+        if 0 <= pos0 and end <= len(self._ramp):
+            self._pos_mv[:n] = self._ramp_mv[pos0:end]
+        else:
+            self._positions(pos0, n)
+        if self._out_state != (logits, n):
+            self._outputs(logits, n)
         self.n = n
         self.struct.n_tokens = n
 
@@ -91,12 +105,44 @@ class TokenBatch:
         """A draft block: `first` then n-1 copies of `fill`, every row an output (or none)."""
         if not 0 < n <= self.n_max:
             raise ValueError(f"a block of {n} rows does not fit {self.n_max} rows")
-        self.token[0] = first
-        self.token[1:n] = fill
-        np.add(self._ramp[:n], pos0, out=self.pos[:n])
-        self.logits[:n] = 1 if outputs else 0
+        self._tok_mv[0] = first
+        if self._fill != (fill, n):
+            self.token[1:n] = fill
+            self._fill = (fill, n)
+        end = pos0 + n
+        if 0 <= pos0 and end <= len(self._ramp):
+            self._pos_mv[:n] = self._ramp_mv[pos0:end]
+        else:
+            self._positions(pos0, n)
+        how = "all" if outputs else "none"
+        if self._out_state != (how, n):
+            self._outputs(how, n)
         self.n = n
         self.struct.n_tokens = n
+
+    def _positions(self, pos0: int, n: int) -> None:
+        end = pos0 + n
+        if pos0 < 0 or end > len(self._ramp):
+            if pos0 < 0:
+                np.add(self._ramp[:n], pos0, out=self.pos[:n])
+                return
+            self._grow_ramp(end)
+        self._pos_mv[:n] = self._ramp_mv[pos0:end]
+
+    def _grow_ramp(self, end: int) -> None:
+        size = max(end, 2 * len(self._ramp))
+        self._ramp = np.arange(size, dtype=np.int32)
+        self._ramp_mv = memoryview(self._ramp)
+
+    def _outputs(self, how: str, n: int) -> None:
+        """Output flags of rows 0..n-1: "all", "none" or only the "last" row (kept when unchanged)."""
+        if self._out_state == (how, n):
+            return
+        out = self.logits[:n]
+        out.fill(1 if how == "all" else 0)
+        if how == "last":
+            out[n - 1] = 1
+        self._out_state = (how, n)
 
     def decode(self, ctx: int) -> int:
         """llama_decode on `ctx`; returns its status code (0: done)."""

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 
+from ._batch import logits_ith_addr
 from .adaptive import ShadowProbe
 from .errors import LlamaCallError
 from .proposers import Proposer
@@ -108,6 +109,19 @@ def _is_stop(token: int, target: TargetContext) -> bool:
     return target.model.is_eog(token)
 
 
+class _EogMemo(dict):
+    """`model.is_eog` remembered per token id: a generation asks about every token it samples
+    (twice in the speculative loop), and the answer of llama.cpp's vocabulary never changes."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self._model = model
+
+    def __missing__(self, token: int) -> bool:
+        value = self[token] = bool(self._model.is_eog(token))
+        return value
+
+
 def ordinary_generate(
     target: TargetContext,
     prompt: Sequence[int],
@@ -133,6 +147,7 @@ def ordinary_generate(
     stats.prefill_seconds = time.perf_counter() - t_start
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
     state.n_past = n_past
+    is_eog = _EogMemo(target.model)
     try:
         while len(state.tokens) < max_tokens:
             if n_past >= target.n_ctx:
@@ -149,7 +164,7 @@ def ordinary_generate(
             stats.verification_steps += 1
             n_past += 1
             state.n_past = n_past
-            if _is_stop(tok, target):
+            if is_eog[tok]:
                 state.finish_reason = "stop"
                 return
             if not state.tokens:
@@ -198,6 +213,13 @@ def speculative_generate(
         proposer.inject(features, pos0)
 
     feeds = getattr(proposer, "needs_features", True)  # token-only drafters read no features
+    is_eog = _EogMemo(target.model)
+    # the plain KV rewinder does nothing before a verification: skip the call
+    plain = getattr(type(rewinder), "before_verify", None) is Rewinder.before_verify \
+        and "before_verify" not in vars(rewinder)
+    before_verify = None if plain else rewinder.before_verify
+    n_batch_limit = target.ctx.n_batch - 1
+    n_ctx = target.n_ctx
     shadow_probe = getattr(controller, "shadow_probe", None)
     shadow: Optional[ShadowProbe] = None
     n_past, id_last = len(prompt) - 1, int(prompt[-1])
@@ -209,12 +231,12 @@ def speculative_generate(
         state.n_past = n_past
         proposer.begin(history)
         while consumed < max_tokens:
-            room = target.n_ctx - 1 - n_past  # positions left after id_last's
+            room = n_ctx - 1 - n_past  # positions left after id_last's
             if room < 0:
                 state.finish_reason = "length"
                 return
             # (one verification batch: id_last and the drafts must fit n_batch)
-            n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1, target.ctx.n_batch - 1)
+            n_draft = n_limit = min(proposer.n_max, room, max_tokens - consumed - 1, n_batch_limit)
             if controller is not None and n_limit > 0:
                 n_draft = max(0, min(n_limit, controller.choose(n_limit)))
                 if n_draft == 0 and shadow_probe is not None:
@@ -224,22 +246,26 @@ def speculative_generate(
             t0 = time.perf_counter()
             draft = proposer.propose(id_last, n_past, n_draft, history=history) if n_draft > 0 else []
             t1 = time.perf_counter()
-            rewinder.before_verify(n_past, (id_last, *draft))
-            ids = _verify_and_accept(target, proposer, sampler, id_last, draft, n_past, stats, feeds)
-            proposer.accept(len(ids) - 1)
+            batch = [id_last, *draft]
+            if before_verify is not None:
+                before_verify(n_past, batch)
+            ids = _verify_and_accept(target, proposer, sampler, batch, n_past, stats, feeds, is_eog)
+            n_ids = len(ids)
+            proposer.accept(n_ids - 1)
             history.append(id_last)
-            history.extend(ids[:-1])
-            n_past += len(ids)
+            if n_ids > 1:
+                history.extend(ids[:-1])
+            n_past += n_ids
             state.n_past = n_past
             # only a rejection leaves cells to drop (the draft removes its own block's cells)
-            if len(ids) <= len(draft) and _rewind(rewinder, proposer, n_past) != n_past:
+            if n_ids <= len(draft) and _rewind(rewinder, proposer, n_past) != n_past:
                 raise LlamaCallError(f"the target cache could not be rolled back to position {n_past}")
             if controller is not None:
-                controller.observe(len(draft), len(ids) - 1, t1 - t0, time.perf_counter() - t1)
+                controller.observe(len(draft), n_ids - 1, t1 - t0, time.perf_counter() - t1)
             if shadow is not None and shadow.feed(ids, controller, stats):
                 shadow = None
             for tok in ids:
-                if _is_stop(tok, target):
+                if is_eog[tok]:
                     state.finish_reason = "stop"
                     return
                 if consumed == 0:
@@ -282,32 +308,36 @@ def _verify_and_accept(
     target: TargetContext,
     proposer: Proposer,
     sampler: Sampler,
-    id_last: int,
-    draft: list[int],
+    batch: list[int],
     n_past: int,
     stats: SpecStats,
     feeds: bool = True,
+    is_eog: Optional[Callable[[int], bool]] = None,
 ) -> list[int]:
-    """Decode [id_last, *draft] with logits on every row; sample rows until one disagrees."""
+    """Decode batch = [id_last, *draft] with logits on every row; sample rows until one disagrees."""
     t0 = time.perf_counter()
-    target.decode((id_last, *draft), n_past, logits="all")
+    target.decode(batch, n_past, logits="all")
     t_sync = time.perf_counter()
-    target.logits_row(0)  # the first read synchronises with the device
+    ctx = target.ctx.ptr
+    if not logits_ith_addr(ctx, 0):  # the first read synchronises with the device
+        raise LlamaCallError("no logits for batch row 0")
     t1 = time.perf_counter()
     _count_target(stats, t0, t_sync, t1)
+    eog = is_eog.__getitem__ if isinstance(is_eog, dict) else (is_eog or target.model.is_eog)
+    n_draft = len(batch) - 1
     ids: list[int] = []
-    ctx = target.ctx.ptr
-    for i in range(len(draft) + 1):
-        tok = sampler.sample(ctx, i)
+    sample = sampler.sample
+    for i in range(n_draft + 1):
+        tok = sample(ctx, i)
         ids.append(tok)
         # an end-of-generation sample ends the step, as llama.cpp's verification does: nothing
         # after it is accepted (its row would condition on text past the end)
-        if i == len(draft) or tok != draft[i] or target.model.is_eog(tok):
+        if i == n_draft or tok != batch[i + 1] or eog(tok):
             break
     t2 = time.perf_counter()
     stats.sample_seconds += t2 - t1
     n_accepted = len(ids) - 1
-    stats.record_step(len(draft), n_accepted)
+    stats.record_step(n_draft, n_accepted)
     # only the rows that stay in the target cache feed the draft: id_last and accepted drafts
     if feeds:
         proposer.inject(target.layer_features(n_accepted + 1), n_past)

@@ -136,11 +136,12 @@ class TargetContext:
         decode: a new [rows, n_layers*n_embd] float32 array."""
         n, e = self._n_rows if n_rows is None else min(n_rows, self._n_rows), self.n_embd
         out = np.empty((n, len(self.extract_layers) * e), dtype=np.float32)
+        ctx, layer_inp, shape = self.ctx.ptr, self._layer_inp, (n, e)
         for k, lid in enumerate(self.extract_layers):
-            ptr = self._layer_inp(self.ctx.ptr, lid)
+            ptr = layer_inp(ctx, lid)
             if not ptr:
                 raise LlamaCallError(f"target layer {lid} input was not extracted")
-            out[:, k * e : (k + 1) * e] = float_view(ptr, (n, e))
+            out[:, k * e : (k + 1) * e] = float_view(ptr, shape)
         return out
 
     def seq_rm(self, p0: int) -> bool:

@@ -144,6 +144,14 @@ class DFlashProposer:
         self._pending_rows = 0
         self._embd = ll.llama_embd(None, 1, 0)
         self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
+        # the injection batch's pointer as a ctypes object (no conversion per call) and the 4-entry
+        # position array llama_batch_ext_set_pos copies from (M-RoPE layout: p, p, p, 0)
+        self._inject_ptr = ctypes.c_void_p(self.inject_batch.ptr)
+        self._inject_pos = (ll.llama_pos * 4)(0, 0, 0, 0)
+        # no cell at a position >= _cache_end is in the draft cache (None: not known).  Known only
+        # from what this object did since its own last seq_rm, so that a rollback to a position
+        # the cache never reached needs no llama_memory_seq_rm (issue 28 item 5: one C call a step)
+        self._cache_end: Optional[int] = None
 
     # ---- backend-side candidate sampling (top-k chain attached to the draft context) ------------
     def _attach_backend_sampler(self) -> None:
@@ -250,36 +258,54 @@ class DFlashProposer:
         if not self._pending:
             return
         t0 = time.perf_counter()
-        b = self.inject_batch
-        b.clear()
+        self.inject_batch.ptr  # RuntimeError once closed (the cached pointer below would dangle)
+        ll.llama_batch_ext_clear(self._inject_ptr)
         # one llama_embd struct whose data pointer is rewritten per row: building a ctypes pointer
         # per row (ctypes.cast) cost more than the two llama.cpp calls that add the row
-        emb, data = self._embd, self._embd_data
-        count, first = 0, None
+        emb, data, bptr, pa = self._embd, self._embd_data, self._inject_ptr, self._inject_pos
+        add, set_pos = ll.llama_batch_ext_add_embd, ll.llama_batch_ext_set_pos
+        chunk = self._chunk
+        count, first, top = 0, 0, -1
         for features, pos0 in self._pending:
             emb.n_embd = features.shape[1]
-            base, stride = features.ctypes.data, features.strides[0]
+            base, stride = _address(features), features.strides[0]
             for i in range(features.shape[0]):
-                if count == self._chunk:
-                    self._process_injection(first)
-                    count, first = 0, None
+                if count == chunk:
+                    self._process_injection(first, count, top + 1)
+                    ll.llama_batch_ext_clear(bptr)
+                    count = 0
+                p = pos0 + i
                 data.value = base + i * stride
-                b.add_embd(emb, pos0 + i)
-                first = pos0 + i if first is None else first
+                idx = add(bptr, 0, emb)
+                if idx < 0:
+                    self._drop_pending()
+                    raise LlamaCallError(f"llama_batch_ext_add_embd failed ({idx}) at position {p}")
+                pa[0] = pa[1] = pa[2] = p
+                set_pos(bptr, idx, pa)
+                if count == 0:
+                    first = p
+                if p > top:
+                    top = p
                 count += 1
         if count:
-            self._process_injection(first)
-        self._pending.clear()
-        self._pending_rows = 0
+            self._process_injection(first, count, top + 1)
+        self._drop_pending()
         self.stats.process_seconds += time.perf_counter() - t0
 
-    def _process_injection(self, pos: int) -> None:
-        rc = self.inject_batch.process()
-        self.inject_batch.clear()
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._pending_rows = 0
+
+    def _process_injection(self, pos: int, n_rows: int, end: int) -> None:
+        """Decode the injection batch: n_rows rows from position pos on, none at end or beyond."""
+        known, self._cache_end = self._cache_end, None
+        self.inject_batch.n = n_rows
+        rc = ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, self._inject_ptr)
         if rc != 0:
-            self._pending.clear()
-            self._pending_rows = 0
+            self._drop_pending()
             raise LlamaCallError(f"draft feature injection at position {pos} failed (rc {rc})")
+        if known is not None:
+            self._cache_end = max(known, end)
 
     def block_tokens(self, n_past: int) -> int:
         """Rows of the block decoded at n_past: n_max (+1 for the anchor), as llama.cpp decodes it.
@@ -291,7 +317,10 @@ class DFlashProposer:
         return max(0, min(full, self.info.block_size, self.target.n_ctx - n_past))
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """Nothing to do: the draft learns the prompt from the features injected during prefill."""
+        """Nothing to do: the draft learns the prompt from the features injected during prefill.
+
+        (A generation starts with what the cache holds unknown: a caller may have loaded a state.)"""
+        self._cache_end = None
 
     def accept(self, n_accepted: int) -> None:
         """Nothing to do: accepted rows reach the draft as injected features."""
@@ -318,6 +347,7 @@ class DFlashProposer:
         # silently (and DFlash2 lattice rows stop at block_size)
         assert n_block <= self.info.block_size
         tokens: list[int] = []
+        self._cache_end = None  # the block's cells are written past it
         try:
             try:
                 tokens = self._draft_block(id_last, n_past, n_block)
@@ -326,7 +356,7 @@ class DFlashProposer:
                 tokens = self._draft_block(id_last, n_past, n_block)
         finally:
             # keep only the injected features: the block's own K/V must not stay in the cache
-            self.ctx.seq_rm(0, n_past, -1)
+            self._cache_end = n_past if self.ctx.seq_rm(0, n_past, -1) else None
         if len(tokens) < self.n_min:
             tokens = []
         tokens = tokens[:n]
@@ -386,15 +416,21 @@ class DFlashProposer:
         return tokens
 
     def rollback(self, n_past: int) -> None:
-        kept = [(f[: n_past - p0], p0) for f, p0 in self._pending if p0 < n_past]
-        self._pending = kept
-        self._pending_rows = sum(f.shape[0] for f, _ in kept)
-        self.ctx.seq_rm(0, n_past, -1)
+        for f, p0 in self._pending:
+            if p0 + f.shape[0] > n_past:  # some queued row is at n_past or beyond: cut the queue
+                kept = [(f[: n_past - p0], p0) for f, p0 in self._pending if p0 < n_past]
+                self._pending = kept
+                self._pending_rows = sum(f.shape[0] for f, _ in kept)
+                break
+        end = self._cache_end
+        if end is not None and n_past >= end:
+            return  # nothing at n_past or beyond is in the cache (see _cache_end)
+        self._cache_end = n_past if self.ctx.seq_rm(0, n_past, -1) else None
 
     def clear(self) -> None:
-        self._pending.clear()
-        self._pending_rows = 0
+        self._drop_pending()
         self.ctx.clear()
+        self._cache_end = None  # empty now, but a caller may load a state into it next
 
     def pos_max(self) -> int:
         """Last position in the draft KV cache (queued features written first)."""
@@ -436,6 +472,17 @@ def selector_walk(lattice: np.ndarray, top_k: int, p_min: float = 0.0) -> list[i
             break
         tokens.append(int(row[pred]))
     return tokens
+
+
+def _address(features: np.ndarray) -> int:
+    """The address of a C-contiguous array's first element.
+
+    ndarray.ctypes builds a helper object (an import and a class instance, ~2 us); a ctypes view
+    of the buffer costs a sixth of that.  Read-only arrays cannot be viewed that way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(features))
+    except (TypeError, ValueError, BufferError):
+        return features.ctypes.data
 
 
 class _RetryOnCpu(Exception):
