@@ -356,6 +356,14 @@ def stop_server(proc: subprocess.Popen) -> Optional[int]:
     return proc.returncode
 
 
+def _sample_rss(pid: int, out: list, stop: threading.Event, every: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while not stop.wait(every):
+        mb = rss_mb(pid)
+        if mb is not None:
+            out.append([round(time.monotonic() - t0, 1), mb])
+
+
 def rss_mb(pid: int) -> Optional[float]:
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -555,8 +563,16 @@ def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict
                 if base["reference_problems"]:
                     break
                 report["rss_before_mb"] = rss_mb(proc.pid)
-                report.update(_load(a, port, cases, refs, clients, timeout))
+                samples, stop = [], threading.Event()
+                sampler = threading.Thread(target=_sample_rss, args=(proc.pid, samples, stop), daemon=True)
+                sampler.start()
+                try:
+                    report.update(_load(a, port, cases, refs, clients, timeout))
+                finally:
+                    stop.set()
+                    sampler.join()
                 report["rss_after_mb"] = rss_mb(proc.pid)
+                report["rss_samples_mb"] = samples  # [seconds into the load, MB] every 10 s
                 report["health_ok"] = health(port)
                 report["speculative"] = speculative_metrics(port) if draft and server == "llama-dflash" else {}
             report = reports[-1]
@@ -609,6 +625,11 @@ def print_report(r: dict[str, Any]) -> None:
         before, after = r.get("rss_before_mb"), r.get("rss_after_mb")
         if before and after:
             print(f"  server RSS: {before:.1f} MB before, {after:.1f} MB after")
+            samples = r.get("rss_samples_mb") or []
+            if len(samples) >= 4:  # the second half of the run: flat, or growing?
+                half = [mb for _, mb in samples[len(samples) // 2:]]
+                print(f"  server RSS over the load: {len(samples)} samples every 10 s; second half "
+                      f"{min(half):.1f}-{max(half):.1f} MB (first {samples[0][1]:.1f}, last {samples[-1][1]:.1f})")
         if r.get("speculative"):
             spec = r["speculative"]
             print(f"  speculative (/metrics, all requests): acceptance rate {spec.get('acceptance_rate', 0):.3f}, "
