@@ -137,7 +137,7 @@ def print_phases(title: str, names: tuple[str, ...], runs: list[dict[str, float]
     print(f"{title:5s} us/step (median of {len(runs)}, {med(steps):.0f} steps): {cells}  | total {total:7.1f}")
 
 
-def cpp_reference(*args, attempts: int = 3, **kwargs):
+def cpp_reference(*args, attempts: int = 6, **kwargs):
     """run_cpp_reference, tried again when the driver's output lacks its summary: with -lv 5 its
     asynchronous log sometimes loses the tail of a run at exit (seen on a loaded 2-core machine)."""
     for attempt in range(attempts):
