@@ -25,7 +25,7 @@ def test_gpu_train_script_on_cpu(tmp_path):
     env = {**os.environ, "GPU_TRAIN_PYTHON": sys.executable, "GPU_TRAIN_MODEL": target, "GPU_TRAIN_DEVICE": "cpu",
            "GPU_TRAIN_WORK": str(tmp_path / "work"), "GPU_TRAIN_DATA_SECONDS": "20", "GPU_TRAIN_TOKENS": "4000",
            "GPU_TRAIN_VARIANTS": "1:64 2:32", "GPU_TRAIN_NSEQ": "64"}
-    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_train.sh"), str(out), "130"], env=env,
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_train.sh"), str(out), "170"], env=env,
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "training 2 variants side by side" in r.stdout
