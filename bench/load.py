@@ -324,6 +324,19 @@ def speculative_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def batch_metrics(port: int) -> dict[str, float]:
+    """The batched engine's counters from /metrics (batch_*: steps, rows, busy/decode/prefill seconds)."""
+    out: dict[str, float] = {}
+    for line in (_get(port, "/metrics") or b"").decode(errors="replace").splitlines():
+        if line.startswith("llama_dflash_batch_"):
+            name, _, value = line.partition(" ")
+            try:
+                out[name.split("{", 1)[0][len("llama_dflash_"):]] = float(value.rsplit(" ", 1)[-1])
+            except ValueError:
+                pass
+    return out
+
+
 def _default_llama_server() -> str:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "llama-cpp-reference", "build", "bin", "llama-server")
@@ -563,6 +576,7 @@ def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict
                 if base["reference_problems"]:
                     break
                 report["rss_before_mb"] = rss_mb(proc.pid)
+                before = batch_metrics(port) if server == "llama-dflash" else {}
                 samples, stop = [], threading.Event()
                 sampler = threading.Thread(target=_sample_rss, args=(proc.pid, samples, stop), daemon=True)
                 sampler.start()
@@ -574,6 +588,10 @@ def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict
                 report["rss_after_mb"] = rss_mb(proc.pid)
                 report["rss_samples_mb"] = samples  # [seconds into the load, MB] every 10 s
                 report["health_ok"] = health(port)
+                if before:  # what the engine did during this load (counters' differences)
+                    after = batch_metrics(port)
+                    report["batch"] = {k: round(v - before.get(k, 0.0), 4) if k.endswith("_total") else v
+                                       for k, v in after.items()}
                 report["speculative"] = speculative_metrics(port) if draft and server == "llama-dflash" else {}
             report = reports[-1]
             if "completed" in report:
@@ -630,6 +648,15 @@ def print_report(r: dict[str, Any]) -> None:
                 half = [mb for _, mb in samples[len(samples) // 2:]]
                 print(f"  server RSS over the load: {len(samples)} samples every 10 s; second half "
                       f"{min(half):.1f}-{max(half):.1f} MB (first {samples[0][1]:.1f}, last {samples[-1][1]:.1f})")
+        bt = r.get("batch") or {}
+        if bt.get("batch_steps_total"):  # where the engine thread's time went during this load
+            wall = r["wall_seconds"] or 1.0
+            steps = bt["batch_steps_total"]
+            print(f"  engine: {steps:.0f} decodes, {bt.get('batch_rows_total', 0) / steps:.2f} rows and "
+                  f"{bt.get('batch_mean_sequences', 0):.2f} sequences each (run mean); busy "
+                  f"{bt.get('batch_step_seconds_total', 0) / wall:.0%} of the wall time: decodes "
+                  f"{bt.get('batch_decode_seconds_total', 0) / wall:.0%}, "
+                  f"prefills {bt.get('batch_prefill_seconds_total', 0) / wall:.0%}")
         if r.get("speculative"):
             spec = r["speculative"]
             print(f"  speculative (/metrics, all requests): acceptance rate {spec.get('acceptance_rate', 0):.3f}, "

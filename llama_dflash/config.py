@@ -63,6 +63,22 @@ _U16_MAX = 0xFFFF
 SpecTypeArg = Union[None, str, SpeculativeType, Sequence[Union[str, SpeculativeType]]]
 
 
+class _DefaultInt(int):
+    """An int that marks a field left at its default: where the draft file caps it (draft_n_max
+    over what its block yields) it is lowered without the warning an explicit value gets."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def is_default(value: object) -> bool:
+    """Whether `value` is a SpecConfig field's default (the user did not set it)."""
+    return isinstance(value, _DefaultInt)
+
+
+DEFAULT_DRAFT_N_MAX = _DefaultInt(7)
+
+
 def _check_int(name: str, value: object, minimum: int, maximum: Optional[int] = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, not {value!r}")
@@ -137,13 +153,14 @@ class SpecConfig:
     the preview's names of `draft_model` and `backend_sampling`: after construction each pair
     holds the same value.
 
-    `draft_n_max` is clamped to what the draft's block can yield (with a warning) once the
-    draft file is known; see `LlamaDFlashDecoding`.
+    `draft_n_max` is clamped to what the draft's block can yield once the draft file is known
+    (with a warning where it was given; the default, 7, is lowered silently); see
+    `LlamaDFlashDecoding`.
     """
 
     draft_model: Optional[str] = None  # required iff spec_types has a draft type
     algorithm: str = "auto"  # auto | dflash | dspark | dflash2 (a DFlash2 draft file required)
-    draft_n_max: int | str = 7  # or "auto": adaptive length, the draft's block as the ceiling
+    draft_n_max: int | str = DEFAULT_DRAFT_N_MAX  # 7, or "auto": adaptive length, the draft's block as the ceiling
     draft_n_min: int = 0
     draft_p_min: float = 0.0
     # the draft's top candidates picked by a top-k sampler inside its graph: True, False, or "auto"

@@ -19,6 +19,7 @@ from _equivalence import assert_same_tokens
 from conftest import PROMPT_TEXT
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
 from llama_dflash.generate import GenerationState
+from llama_dflash.writer import write_random_draft
 from llama_dflash.proposers import ScriptedProposer
 
 N_TOKENS = 48
@@ -147,6 +148,27 @@ def test_draft_n_max_is_clamped_with_warning(tiny_config, tiny_draft):
         with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft, draft_n_max=40)) as eng:
             assert eng.draft_n_max == 15  # block 16, DFlash layout yields block-1
     assert any("clamped to 15" in str(w.message) for w in caught)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_block4(tiny_dir, tiny_target):
+    return write_random_draft(str(tiny_dir / "draft_block4.gguf"), tiny_target, block_size=4, seed=5)
+
+
+def test_default_draft_n_max_is_clamped_silently(tiny_config, tiny_draft_block4):
+    """SpecConfig(draft) with the default draft_n_max (7) over a block that yields 3: the block's
+    limit, no warning (the user asked for nothing); an explicit 7 still warns."""
+    assert SpecConfig(tiny_draft_block4).draft_n_max == 7
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft_block4)) as eng:
+            assert eng.draft_n_max == 3
+    assert not [w for w in caught if "clamped" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with LlamaDFlashDecoding(tiny_config, SpecConfig(tiny_draft_block4, draft_n_max=7)) as eng:
+            assert eng.draft_n_max == 3
+    assert any("clamped to 3" in str(w.message) for w in caught)
 
 
 def test_context_exhaustion_finishes_with_length(tiny_target, tiny_draft):

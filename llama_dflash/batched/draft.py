@@ -32,7 +32,7 @@ from llama_cpp import llama_cpp as ll
 from .. import _bindings as ext
 from .._batch import logits_addr
 from .._llama import BatchExt, Context, Model
-from ..config import SpecConfig
+from ..config import SpecConfig, is_default
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..inspect import DraftInfo
 from ..proposers.dflash import CANDIDATES, _backend_sampling_choice, _report_fallback, selector_walk
@@ -76,7 +76,7 @@ class BatchedDraft:
         if spec.adaptive:
             self.n_max = limit
         else:
-            if spec.draft_n_max > limit:
+            if spec.draft_n_max > limit and not is_default(spec.draft_n_max):
                 warnings.warn(f"draft_n_max={spec.draft_n_max} exceeds what the draft's block (block_size "
                               f"{info.block_size}) can yield; clamped to {limit}", stacklevel=4)
             self.n_max = min(int(spec.draft_n_max), limit)

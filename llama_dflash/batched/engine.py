@@ -359,6 +359,8 @@ class BatchedEngine:
         self.rows_decoded = 0
         self.seqs_in_steps = 0  # sum over steps of the sequences they decoded (occupancy)
         self.decode_seconds = 0.0
+        self.prefill_seconds = 0.0  # prompt decodes
+        self.step_seconds = 0.0  # whole steps: the engine thread's busy time
         self.prompt_tokens = 0
         self.cached_tokens = 0
 
@@ -445,17 +447,24 @@ class BatchedEngine:
         """Admit waiting sequences into free slots (prefilling each), then one decode of every
         active sequence's rows.  Returns whether anything was done."""
         with self._step_lock:
-            self._drop_cancelled()
-            admitted = self._admit()
-            for seq in admitted:
-                try:
-                    self._prefill(seq)
-                except LlamaCallError as exc:
-                    self._release(seq, "error", exc)
-            running = [s for s in self._active if s.prefilled and not s.done]
-            if running:
-                self._decode_step(running)
-            return bool(admitted or running)
+            t0 = time.perf_counter()
+            try:
+                return self._step()
+            finally:
+                self.step_seconds += time.perf_counter() - t0
+
+    def _step(self) -> bool:
+        self._drop_cancelled()
+        admitted = self._admit()
+        for seq in admitted:
+            try:
+                self._prefill(seq)
+            except LlamaCallError as exc:
+                self._release(seq, "error", exc)
+        running = [s for s in self._active if s.prefilled and not s.done]
+        if running:
+            self._decode_step(running)
+        return bool(admitted or running)
 
     def _drop_cancelled(self) -> None:
         with self._work:
@@ -553,6 +562,7 @@ class BatchedEngine:
                 self.draft.inject(sid, start, self._features(0, n_rows))
             seq.history = list(prompt[:start + n_rows])
         seq.stats.prefill_seconds = time.perf_counter() - t0
+        self.prefill_seconds += seq.stats.prefill_seconds
         seq.history = list(prompt)
         seq.prefilled = True
         tok = seq.sampler.sample(self.ctx.ptr, n_rows - 1)
@@ -742,7 +752,8 @@ class BatchedEngine:
                 "prompt_cache_bytes": self.prompt_cache.nbytes if self.prompt_cache is not None else 0,
                 "rows_decoded": self.rows_decoded, "sequences_decoded": self.seqs_in_steps,
                 "mean_batch_sequences": self.seqs_in_steps / self.steps if self.steps else 0.0,
-                "decode_seconds": self.decode_seconds,
+                "decode_seconds": self.decode_seconds, "prefill_seconds": self.prefill_seconds,
+                "step_seconds": self.step_seconds,
                 **({"draft_seconds": self.draft.draft_seconds, "inject_seconds": self.draft.inject_seconds,
                     "draft_blocks": self.draft.blocks, "step_costs": self.lengths.summary()}
                    if self.draft is not None else {})}

@@ -40,7 +40,7 @@ from llama_cpp import llama_cpp as ll
 from .. import _bindings as ext
 from .._batch import TokenBatch, logits_addr, logits_ith_addr
 from .._llama import BatchExt, Context, Model
-from ..config import SpecConfig
+from ..config import SpecConfig, is_default
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..inspect import DraftInfo
 from ..stats import SpecStats
@@ -222,6 +222,8 @@ class DFlashProposer:
 
     def _clamp_n_max(self, n_max: int) -> int:
         limit = self.info.max_draft_tokens
+        if n_max > limit and is_default(n_max):  # not asked for: the block's limit, silently
+            return limit
         if n_max > limit:
             warnings.warn(
                 f"draft_n_max={n_max} exceeds what the draft's block (block_size {self.info.block_size}) "

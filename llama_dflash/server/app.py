@@ -371,6 +371,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             ("batch_restored_prompt_tokens_total", "counter",
              "Of those, prompt tokens restored from the host prompt cache (--cache-ram)", st["restored_tokens"]),
             ("prompt_cache_bytes", "gauge", "Host memory the saved slot states take", st["prompt_cache_bytes"]),
+            ("batch_step_seconds_total", "counter", "Seconds the engine thread spent in steps (busy time)",
+             st["step_seconds"]),
+            ("batch_decode_seconds_total", "counter", "Of those, seconds in the steps' target decodes",
+             st["decode_seconds"]),
+            ("batch_prefill_seconds_total", "counter", "Of those, seconds prefilling admitted prompts",
+             st["prefill_seconds"]),
         ]
 
     return app
