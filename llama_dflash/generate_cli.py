@@ -54,8 +54,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench.cli import (_check_output_path, _wrap, resolve_models, spec_config, spec_type_names,
-                            target_config)
+    from .bench.cli import (DEFAULT_SPEC_TYPE, _check_output_path, _wrap, resolve_models, spec_config,
+                            spec_type_names, target_config)
     from .engine import LlamaDFlashDecoding, OrdinaryDecoding
     from .inspect import validate_files, validate_target_file
     from .sampling import SamplingParams
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         validate_target_file(model)
     else:
         model, draft = resolve_models(args)
+        if args.spec_type is None and draft is not None:
+            args.spec_type = DEFAULT_SPEC_TYPE
         spec = spec_config(args, draft)
         if spec.draft_model is not None:
             validate_files(model, spec.draft_model, spec.algorithm)

@@ -58,6 +58,20 @@ def test_generate_gives_the_ordinary_text_with_every_type(tmp_path, tiny_target,
         assert d["stats"]["accepted"] == d["speculator_stats"]["lookup"]["accepted"] > 0
 
 
+def test_generate_defaults_to_auto_over_the_draft(tmp_path, tiny_target, tiny_draft, ordinary_text):
+    """Without --spec-type a draft model is chosen from per step by `auto` (the lookup, its block
+    or nothing); --spec-type draft keeps the draft model alone."""
+    out = tmp_path / "g.json"
+    proc = _generate(tiny_target, "--draft-model", tiny_draft, json_path=out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ordinary_text
+    d = json.loads(out.read_text())
+    assert d["speculators"][0] == "auto" and "lookup" in d["speculator_stats"]
+    proc = _generate(tiny_target, "--draft-model", tiny_draft, "--spec-type", "draft", json_path=out)
+    assert proc.returncode == 0, proc.stderr
+    assert "auto" not in json.loads(out.read_text())["speculators"]
+
+
 def test_bench_reports_per_speculator_counts(tmp_path, tiny_target, tiny_draft):
     out = tmp_path / "b.json"
     proc = _cli("bench", "--model", tiny_target, "--draft-model", tiny_draft, "--spec-type", "lookup,draft-dflash",
@@ -114,7 +128,10 @@ def test_serve_builds_the_same_choice(tiny_target, tiny_draft):
     assert spec.spec_types == ("ngram-map-k",) and spec.draft_model is None and spec.ngram_size_n == 2
     spec = build_spec(_serve_args("--spec-type", "lookup,draft-dflash", "--draft-model", tiny_draft), tiny_target)
     assert spec.spec_types == ("lookup", "draft-dflash") and spec.draft_model == tiny_draft
+    # the default with a draft: auto over it one request at a time, the draft alone in a batch
     spec = build_spec(_serve_args("--draft-model", tiny_draft), tiny_target)
+    assert spec.spec_types == ("auto", "draft") and spec.draft_model == tiny_draft
+    spec = build_spec(_serve_args("--draft-model", tiny_draft, "--parallel", "4"), tiny_target)
     assert spec.spec_type is None and spec.draft_model == tiny_draft
     with pytest.raises(ValueError, match="drafts nothing"):
         build_spec(_serve_args("--spec-type", "none", "--draft-model", tiny_draft), tiny_target)

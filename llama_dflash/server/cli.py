@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from ..bench.cli import add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
+from ..bench.cli import DEFAULT_SPEC_TYPE, add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
 from .app import DEFAULT_MAX_TOKENS_CAP
 
 __all__ = ["configure", "run", "build_spec"]
@@ -88,7 +88,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
     """The `speculative=` of `llama_dflash.Llama` for these flags; None: ordinary decoding.
 
-    Without --spec-type: the draft model (--draft-model or --random-draft) alone, or None without
+    Without --spec-type: `auto` over the draft model (--draft-model or --random-draft) with
+    --parallel 1, the draft model alone with a batch (auto is single-sequence), or None without
     one.  With it: the types given (SpecConfig checks the combination), the draft model only
     where a type drafts with one (or `auto` is given one); --spec-type none is None."""
     from ..config import SpecConfig
@@ -106,8 +107,11 @@ def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
             raise ValueError("--ngram-size-n/--ngram-size-m/--ngram-min-hits apply to --spec-type ngram-simple, "
                              "ngram-map-k or ngram-map-k4v")
         return None
+    kw = spec_options(args)
+    if args.spec_type is None and getattr(args, "parallel", 1) == 1:
+        kw["spec_type"] = DEFAULT_SPEC_TYPE  # one sequence at a time: auto over the draft (the batch: the draft alone)
     return SpecConfig(draft, algorithm=args.algorithm, draft_n_max=args.draft_n_max, draft_p_min=args.draft_p_min,
-                      rollback=args.rollback, **spec_options(args))
+                      rollback=args.rollback, **kw)
 
 
 def batched_engine(llm: Any, args: argparse.Namespace, spec: Any, threads: int) -> Any:

@@ -84,7 +84,7 @@ def test_completion_and_chat_match_ordinary(server, reference):
     ref = reference.create_completion(PROMPTS[0], max_tokens=24, temperature=0)
     assert data["choices"][0]["text"] == ref["choices"][0]["text"]
     spec = data["speculative"]
-    assert spec["algorithm"] == "dflash" and spec["generated_tokens"] >= 1 and "acceptance_rate" in spec
+    assert spec["algorithm"] == "auto,draft-dflash" and spec["generated_tokens"] >= 1 and "acceptance_rate" in spec
     messages = [{"role": "user", "content": "hi there"}]
     r = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 16, "temperature": 0})
     assert r.status_code == 200, r.text
