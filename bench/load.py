@@ -328,7 +328,7 @@ def batch_metrics(port: int) -> dict[str, float]:
     """The batched engine's counters from /metrics (batch_*: steps, rows, busy/decode/prefill seconds)."""
     out: dict[str, float] = {}
     for line in (_get(port, "/metrics") or b"").decode(errors="replace").splitlines():
-        if line.startswith("llama_dflash_batch_"):
+        if line.startswith(("llama_dflash_batch_", "llama_dflash_prompt_cache_bytes")):
             name, _, value = line.partition(" ")
             try:
                 out[name.split("{", 1)[0][len("llama_dflash_"):]] = float(value.rsplit(" ", 1)[-1])
@@ -369,12 +369,18 @@ def stop_server(proc: subprocess.Popen) -> Optional[int]:
     return proc.returncode
 
 
-def _sample_rss(pid: int, out: list, stop: threading.Event, every: float = 10.0) -> None:
+def _sample_rss(pid: int, out: list, stop: threading.Event, every: float = 10.0,
+                port: Optional[int] = None, cache: Optional[list] = None) -> None:
+    """RSS every `every` seconds into `out`; with `port` and `cache`, the host prompt cache's
+    size from /metrics at the same moments (memory the server holds on purpose, up to --cache-ram)."""
     t0 = time.monotonic()
     while not stop.wait(every):
         mb = rss_mb(pid)
         if mb is not None:
-            out.append([round(time.monotonic() - t0, 1), mb])
+            t = round(time.monotonic() - t0, 1)
+            out.append([t, mb])
+            if port is not None and cache is not None:
+                cache.append([t, round(batch_metrics(port).get("prompt_cache_bytes", 0.0) / 2 ** 20, 1)])
 
 
 def rss_mb(pid: int) -> Optional[float]:
@@ -577,8 +583,10 @@ def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict
                     break
                 report["rss_before_mb"] = rss_mb(proc.pid)
                 before = batch_metrics(port) if server == "llama-dflash" else {}
-                samples, stop = [], threading.Event()
-                sampler = threading.Thread(target=_sample_rss, args=(proc.pid, samples, stop), daemon=True)
+                samples, cache, stop = [], [], threading.Event()
+                sampler = threading.Thread(target=_sample_rss, args=(proc.pid, samples, stop),
+                                           kwargs=dict(port=port if server == "llama-dflash" else None,
+                                                       cache=cache), daemon=True)
                 sampler.start()
                 try:
                     report.update(_load(a, port, cases, refs, clients, timeout))
@@ -587,6 +595,8 @@ def run_server(a: argparse.Namespace, server: str = "llama-dflash") -> list[dict
                     sampler.join()
                 report["rss_after_mb"] = rss_mb(proc.pid)
                 report["rss_samples_mb"] = samples  # [seconds into the load, MB] every 10 s
+                if cache:
+                    report["prompt_cache_samples_mb"] = cache  # the same moments: the host prompt cache
                 report["health_ok"] = health(port)
                 if before:  # what the engine did during this load (counters' differences)
                     after = batch_metrics(port)
@@ -648,12 +658,18 @@ def print_report(r: dict[str, Any]) -> None:
                 half = [mb for _, mb in samples[len(samples) // 2:]]
                 print(f"  server RSS over the load: {len(samples)} samples every 10 s; second half "
                       f"{min(half):.1f}-{max(half):.1f} MB (first {samples[0][1]:.1f}, last {samples[-1][1]:.1f})")
+                cache = r.get("prompt_cache_samples_mb") or []
+                if len(cache) == len(samples):  # RSS less what the prompt cache holds on purpose
+                    rest = [mb - c for (_, mb), (_, c) in zip(samples, cache)]
+                    h = rest[len(rest) // 2:]
+                    print(f"  of which the host prompt cache (--cache-ram): {cache[0][1]:.1f} -> {cache[-1][1]:.1f} MB; "
+                          f"RSS less the cache: second half {min(h):.1f}-{max(h):.1f} MB "
+                          f"(first {rest[0]:.1f}, last {rest[-1]:.1f})")
         bt = r.get("batch") or {}
         if bt.get("batch_steps_total"):  # where the engine thread's time went during this load
             wall = r["wall_seconds"] or 1.0
             steps = bt["batch_steps_total"]
-            print(f"  engine: {steps:.0f} decodes, {bt.get('batch_rows_total', 0) / steps:.2f} rows and "
-                  f"{bt.get('batch_mean_sequences', 0):.2f} sequences each (run mean); busy "
+            print(f"  engine: {steps:.0f} decodes of {bt.get('batch_rows_total', 0) / steps:.2f} rows each; busy "
                   f"{bt.get('batch_step_seconds_total', 0) / wall:.0%} of the wall time: decodes "
                   f"{bt.get('batch_decode_seconds_total', 0) / wall:.0%}, "
                   f"prefills {bt.get('batch_prefill_seconds_total', 0) / wall:.0%}")

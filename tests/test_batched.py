@@ -170,9 +170,32 @@ def test_refusals(tiny_target, tiny_draft, tmp_path):
     from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
 
     hybrid = write_tiny_qwen3next(str(tmp_path / "q3n.gguf"))
-    with pytest.raises(ValueError, match="recurrent or hybrid"):
-        _engine(hybrid)
+    with pytest.raises(ValueError, match="cannot draft for recurrent or hybrid"):
+        _engine(hybrid, spec=SpecConfig(spec_type="ngram-simple"))
     assert physical_cores() >= 1
+
+
+def test_hybrid_target_batched_ordinarily_equals_each_prompt_alone(tmp_path):
+    """A hybrid target (gated delta net + attention): one recurrent state per sequence, every
+    greedy answer equal to the prompt's answer decoded alone; requests that reuse a slot start
+    from a clean state (no prefix of a recurrent state can be kept)."""
+    from llama_dflash.config import TargetConfig
+    from llama_dflash.engine import OrdinaryDecoding
+    from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
+
+    hybrid = write_tiny_qwen3next(str(tmp_path / "q3n.gguf"), n_embd=64)
+    prompts = [[1, 279, 293, 290, 276], [1, 306, 294, 288], [1, 279, 293, 290, 276, 306], [1, 288, 288, 279],
+               [1, 279, 293]]  # the third and last share a prefix with the first: no reuse may leak
+    with OrdinaryDecoding(TargetConfig(hybrid, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)) as alone:
+        refs = [alone.generate(p, 24).tokens for p in prompts]
+    assert len({tuple(r) for r in refs}) > 1 and max(len(r) for r in refs) > 4
+    with BatchedEngine(hybrid, n_seq=2, n_ctx_seq=256, n_batch=64, n_threads=1) as engine:
+        assert not engine.prefix_reuse
+        seqs = [engine.submit(p, max_tokens=24) for p in prompts]
+        engine.start()
+        outs = [list(s.tokens(timeout=120)) for s in seqs]
+        assert engine.stats()["cached_tokens"] == 0
+    assert outs == refs
 
 
 @pytest.mark.slow

@@ -29,7 +29,9 @@ injected per sequence, one draft decode holding every drafting sequence's block)
 draft_n_max "auto" the draft length of a step is chosen from the measured cost of whole steps at
 that batch width (`lengths.StepLengths`), so the draft runs only where the batch gains from it.
 `spec_type auto` (our per-step choice between lookup and the draft) is not batched.  Recurrent
-and hybrid targets are refused: their state cannot be cut per sequence at a position.
+and hybrid targets are batched for ordinary decoding (one recurrent state per sequence, no prefix
+reuse: a state cannot be cut back to a prefix); drafting for them is refused, since a rejected
+draft could not be cut from a sequence's state.
 """
 
 from __future__ import annotations
@@ -299,9 +301,11 @@ class BatchedEngine:
         self.ctx = None
         self.batch = None
         try:
-            if is_recurrent_model(self.model):
-                raise ValueError("the batched engine cannot serve recurrent or hybrid targets: their state "
-                                 "cannot be cut per sequence at a position (serve them with --parallel 1)")
+            self.recurrent = is_recurrent_model(self.model)
+            if self.recurrent and self.spec is not None:
+                raise ValueError("the batched engine cannot draft for recurrent or hybrid targets: a rejected "
+                                 "draft cannot be cut from a sequence's recurrent state at a position (serve "
+                                 "them ordinarily in a batch, or with a draft at --parallel 1)")
             params = ll.llama_context_default_params()
             params.n_seq_max = n_seq
             params.kv_unified = False  # one KV stream per sequence, as llama-server -np N lays it out
@@ -341,7 +345,8 @@ class BatchedEngine:
         self.n_threads = threads
         self.n_vocab = self.model.n_vocab
         self._free_ids = list(range(n_seq))
-        self.prefix_reuse = bool(prefix_reuse)
+        # a recurrent state holds the whole history: no prefix of it can be kept (each request starts clean)
+        self.prefix_reuse = bool(prefix_reuse) and not self.recurrent
         self._cached: dict[int, list[int]] = {}  # slot -> the tokens its cells hold (positions 0..)
         if not cache_mib >= 0:
             raise ValueError(f"cache_mib must be >= 0, not {cache_mib!r}")
