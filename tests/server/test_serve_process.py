@@ -225,3 +225,20 @@ def test_shutdown_during_a_stream(tiny_target, tiny_draft):
         log = _stop(proc)
     assert proc.returncode in (0, -signal.SIGTERM), log
     assert "Traceback" not in log and "terminate called" not in log, log
+
+
+def test_large_frees_go_back_to_the_os_in_a_child():
+    """The server fixes glibc's mmap threshold (its prompt cache's states then leave no heap
+    holes behind); an explicit MALLOC_MMAP_THRESHOLD_ is the user's and is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from llama_dflash.server.cli import return_large_frees_to_os as f; print(f())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("True" if sys.platform.startswith("linux") else "False")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(env, MALLOC_MMAP_THRESHOLD_="65536"))
+    assert out.stdout.strip() == "False"
