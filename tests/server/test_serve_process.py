@@ -242,3 +242,17 @@ def test_large_frees_go_back_to_the_os_in_a_child():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(env, MALLOC_MMAP_THRESHOLD_="65536"))
     assert out.stdout.strip() == "False"
+
+
+def test_drafting_for_a_hybrid_target_in_a_batch_refused_at_startup(tmp_path):
+    """`serve --parallel 2` on a hybrid target with a drafter: one line, exit code 2, before any
+    request (a rejected draft cannot be cut from a sequence's recurrent state)."""
+    from llama_dflash.tiny_qwen3next import write_tiny_qwen3next
+
+    hybrid = write_tiny_qwen3next(str(tmp_path / "q3n.gguf"))
+    proc = subprocess.run([sys.executable, "-m", "llama_dflash.cli", "serve", "--model", hybrid, "--parallel", "2",
+                           "--spec-type", "ngram-simple", "--n-ctx", "256"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot draft for recurrent or hybrid" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
