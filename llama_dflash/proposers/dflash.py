@@ -222,16 +222,15 @@ class DFlashProposer:
 
     def _clamp_n_max(self, n_max: int) -> int:
         limit = self.info.max_draft_tokens
-        if n_max > limit and is_default(n_max):  # not asked for: the block's limit, silently
-            return limit
-        if n_max > limit:
+        if n_max <= limit:
+            return n_max
+        if not is_default(n_max):  # the default was not asked for: the block's limit, silently
             warnings.warn(
                 f"draft_n_max={n_max} exceeds what the draft's block (block_size {self.info.block_size}) "
                 f"can yield; clamped to {limit}",
                 stacklevel=3,
             )
-            return limit
-        return n_max
+        return limit
 
     def close(self) -> None:
         if getattr(self, "ctx", None) is not None:
