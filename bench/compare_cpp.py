@@ -1,7 +1,7 @@
 """Our loops against llama.cpp's C++ binaries, side by side in one run (medians and ratios).
 
   python bench/compare_cpp.py --bin DIR [--model T.gguf] [--draft-model D.gguf] [--tokens 128] [--draft-tokens 4]
-                              [--rounds 3] [--phase-rounds 3] [--no-ordinary]
+                              [--rounds 3] [--phase-rounds 3] [--no-ordinary] [--micro DIR]
 
 DIR holds llama-bench and llama-speculative-simple (../shared/tools/build-cpp-reference.sh prints it).
 Prints: ordinary tokens/s vs llama-bench tg, and speculative tokens/s vs llama-speculative-simple,
@@ -36,6 +36,7 @@ from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, Targ
 from llama_dflash._llama import Model, cpu_has_amx
 from llama_dflash.bench.cpp_reference import cpp_spec_type, run_cpp_reference
 from llama_dflash.defaults import default_draft_path, smollm2_path
+from llama_dflash.writer import write_random_draft, write_tiny_target
 
 PROMPT = "<|im_start|>user\nWrite a Python function that checks whether a number is prime.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -149,6 +150,18 @@ def cpp_reference(*args, attempts: int = 6, **kwargs):
             print(f"llama-speculative-simple: {e}; running it again", file=sys.stderr)
 
 
+def write_micro_pair(folder: str) -> tuple[str, str]:
+    """The microscopic random pair (target n_embd 64, 4 layers; a 1-layer random draft) in folder,
+    written once: where one decode costs a quarter of a millisecond, as a GPU step does, what the
+    host does per step is a visible share of it."""
+    os.makedirs(folder, exist_ok=True)
+    target, draft = os.path.join(folder, "t.gguf"), os.path.join(folder, "d.gguf")
+    if not (os.path.exists(target) and os.path.exists(draft)):
+        write_tiny_target(target, n_embd=64, n_layer=4)
+        write_random_draft(draft, target, n_layer=1)
+    return target, draft
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -161,7 +174,14 @@ def main() -> int:
     ap.add_argument("--phase-rounds", type=int, default=3,
                     help="interleaved runs that split a step's time by phase, ours and C++ (0: none)")
     ap.add_argument("--no-ordinary", action="store_true", help="skip ordinary decoding vs llama-bench")
+    ap.add_argument("--micro", metavar="DIR",
+                    help="write the microscopic random pair (a ~0.25 ms decode: host overhead shows) into DIR "
+                         "and compare on it, instead of --model/--draft-model")
     a = ap.parse_args()
+    if a.micro and (a.model or a.draft_model):
+        ap.error("--micro writes its own pair: leave out --model and --draft-model")
+    if a.micro:
+        a.model, a.draft_model = write_micro_pair(a.micro)
     model = a.model or smollm2_path()
     draft = a.draft_model or default_draft_path(model)
     cfg = TargetConfig(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=a.threads)
