@@ -188,7 +188,9 @@ class Model(_Handle):
 
     def __init__(self, path: str, n_gpu_layers: int = -1, repack: Optional[bool] = None, *,
                  split_mode: Optional[int] = None, main_gpu: Optional[int] = None,
-                 tensor_split: Optional[Sequence[float]] = None):
+                 tensor_split: Optional[Sequence[float]] = None, load_mtp: bool = False):
+        """`load_mtp`: also load the model's MTP (nextn) blocks, for `draft-mtp` (llama.cpp skips
+        them by default, and an MTP context on a model loaded without them has no graph)."""
         super().__init__()
         ensure_backend()
         params = ll.llama_model_default_params()
@@ -214,6 +216,7 @@ class Model(_Handle):
         # SmolLM2 on Xeon CPUs with AMX), so the default turns it off where AMX is present
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
         params.use_extra_bufts = self.repack
+        params.load_mtp = self.load_mtp = bool(load_mtp)
         ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")
@@ -221,12 +224,13 @@ class Model(_Handle):
 
     @classmethod
     def borrow(cls, ptr: int, path: str, repack: bool, n_gpu_layers: int = -1,
-               placement: Optional[Placement] = None) -> "Model":
+               placement: Optional[Placement] = None, load_mtp: bool = False) -> "Model":
         """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's)."""
         self = cls.__new__(cls)
         _Handle.__init__(self)
         self._owned = False
         self.repack = bool(repack)
+        self.load_mtp = bool(load_mtp)
         self.n_gpu_layers = int(n_gpu_layers)
         self.placement = placement if placement is not None else Placement(int(n_gpu_layers))
         self._adopt(ptr, path)
@@ -239,6 +243,7 @@ class Model(_Handle):
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_embd = int(ll.llama_model_n_embd(ptr))
         self.n_layer = int(ll.llama_model_n_layer(ptr))
+        self.n_layer_nextn = int(ll.llama_model_n_layer_nextn(ptr))
         self._eog: Optional[tuple[int, ...]] = None
 
     def _free(self, ptr: int) -> None:
@@ -356,8 +361,10 @@ class BatchExt(_Handle):
         idx = ll.llama_batch_ext_add_token(self._ptr, seq_id, token)
         if idx < 0:
             raise LlamaCallError(f"llama_batch_ext_add_token failed ({idx}) for token {token} at {pos}")
-        self._pos[0] = pos
-        ll.llama_batch_ext_set_pos(self._ptr, idx, self._pos)
+        pa = self._pos  # a text token: one position (llama.cpp derives M-RoPE's from it)
+        pa[0] = pos
+        pa[1] = pa[2] = pa[3] = 0
+        ll.llama_batch_ext_set_pos(self._ptr, idx, pa)
         if output:
             ll.llama_batch_ext_set_output_logits(self._ptr, idx, True)
         self.n += 1

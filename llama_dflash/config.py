@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Optional, Sequence, Union
 
 __all__ = ["SpecConfig", "TargetConfig", "SpeculativeType", "ALGORITHMS", "ROLLBACK_MODES", "FLASH_ATTN_MODES",
-           "SPEC_TYPE_NAMES", "DRAFT_SPEC_TYPES"]
+           "SPEC_TYPE_NAMES", "DRAFT_SPEC_TYPES", "MTP_SPEC_TYPE"]
 
 # "dflash2": a DFlash2 draft (DFlash with a selector lattice), checked against the file; "dflash"
 # accepts DFlash2 files too
@@ -25,6 +25,8 @@ class SpeculativeType(str, Enum):
     """
 
     NONE = "none"
+    # the target's own multi-token-prediction head (no draft file)
+    DRAFT_MTP = "draft-mtp"
     DRAFT_DFLASH = "draft-dflash"
     DRAFT_DSPARK = "draft-dspark"
     NGRAM_SIMPLE = "ngram-simple"
@@ -45,12 +47,14 @@ class SpeculativeType(str, Enum):
 # a canonical name of ours, deliberately not a SpeculativeType member
 GENERIC_DRAFT = "draft"
 DRAFT_SPEC_TYPES = (GENERIC_DRAFT, SpeculativeType.DRAFT_DFLASH.value, SpeculativeType.DRAFT_DSPARK.value)
+#: drafters that are models but need no draft file: the target's MTP head
+MTP_SPEC_TYPE = SpeculativeType.DRAFT_MTP.value
 # llama.cpp's fixed priority (common/speculative.cpp, common_speculative_init): the n-gram types,
 # then the draft types; our lookup (and auto, which picks among the lookup and the draft) in between
 _PRIORITY = (
     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
     "lookup", "auto",
-    GENERIC_DRAFT, "draft-dflash", "draft-dspark",
+    MTP_SPEC_TYPE, GENERIC_DRAFT, "draft-dflash", "draft-dspark",
 )
 #: every name `spec_type` accepts
 SPEC_TYPE_NAMES = ("none", *_PRIORITY)
@@ -201,9 +205,14 @@ class SpecConfig:
         return any(t in DRAFT_SPEC_TYPES for t in self.spec_types)
 
     @property
+    def uses_mtp(self) -> bool:
+        """Whether the target's own MTP head drafts ("draft-mtp" among `spec_types`)."""
+        return MTP_SPEC_TYPE in self.spec_types
+
+    @property
     def token_types(self) -> tuple[str, ...]:
-        """The names in `spec_types` that are not draft-model types (n-gram, lookup, auto)."""
-        return tuple(t for t in self.spec_types if t not in DRAFT_SPEC_TYPES)
+        """The names in `spec_types` that are not model types (n-gram, lookup, auto)."""
+        return tuple(t for t in self.spec_types if t not in DRAFT_SPEC_TYPES and t != MTP_SPEC_TYPE)
 
     def draft_gpu_layers(self, target_n_gpu_layers: int) -> int:
         """`draft_n_gpu_layers` as a layer count for llama.cpp: "auto" follows the target's
@@ -304,10 +313,11 @@ class SpecConfig:
         if len(drafts) > 1:
             raise ValueError(f"spec_type names {len(drafts)} draft types ({', '.join(drafts)}); "
                              "there is one draft model, give one of them")
-        if "auto" in unique and len(unique) - len(drafts) > 1:
-            raise ValueError(f"spec_type 'auto' picks among the lookup, the draft model and no draft by itself: "
-                             f"give it alone or with one draft type, not with "
-                             f"{', '.join(n for n in unique if n != 'auto' and n not in drafts)}")
+        models = drafts + [n for n in unique if n == MTP_SPEC_TYPE]
+        if "auto" in unique and len(unique) - len(models) > 1:
+            raise ValueError(f"spec_type 'auto' picks among the lookup, the draft models and no draft by itself: "
+                             f"give it alone or with draft-mtp and one draft type, not with "
+                             f"{', '.join(n for n in unique if n != 'auto' and n not in models)}")
         if drafts:
             draft = drafts[0]
             wanted = _DRAFT_ALGORITHM.get(draft)
@@ -320,7 +330,7 @@ class SpecConfig:
                                      f"(spec_type {draft} means algorithm '{wanted}')")
             else:  # "draft": named after the algorithm where that is known
                 unique[unique.index(draft)] = self._default_draft_type()
-        elif unique == ["auto"] and self.draft_model is not None:
+        elif "auto" in unique and self.draft_model is not None:
             # auto with a draft model: the draft's block is one of its choices
             unique.append(self._default_draft_type())
         elif self.algorithm != "auto":

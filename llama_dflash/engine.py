@@ -14,6 +14,7 @@ from .proposers import DFlashProposer, Proposer
 from .proposers.auto import AutoProposer
 from .proposers.chain import ChainProposer
 from .proposers.factory import build_auto_lookup, build_proposer, build_token_drafters, draft_type_name
+from .proposers.mtp import DEFAULT_MTP_N_MAX, MTPProposer, check_mtp_target
 from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
 from .stats import SpecStats
@@ -105,10 +106,14 @@ class _Decoder:
         return Sampler(sampling, n_vocab=model.n_vocab, banned=model.eog_tokens() if ignore_eos else ())
 
 
-def _load_target_model(config: TargetConfig, model: Optional[Model]) -> tuple[Model, bool]:
+def _load_target_model(config: TargetConfig, model: Optional[Model], load_mtp: bool = False) -> tuple[Model, bool]:
+    """The target model: the one passed in (shared, not ours to free) or a new one.  `load_mtp`:
+    with its MTP blocks (a shared model must have been loaded so)."""
     if model is not None:
+        if load_mtp and not getattr(model, "load_mtp", False):
+            raise ValueError("draft-mtp needs the target model loaded with its MTP layers (Model(..., load_mtp=True))")
         return model, False
-    return Model(config.model, n_gpu_layers=config.n_gpu_layers, repack=config.repack), True
+    return Model(config.model, n_gpu_layers=config.n_gpu_layers, repack=config.repack, load_mtp=load_mtp), True
 
 
 class OrdinaryDecoding(_Decoder):
@@ -151,8 +156,9 @@ class OrdinaryDecoding(_Decoder):
 
 
 class LlamaDFlashDecoding(_Decoder):
-    """Speculative decoding of one sequence (seq_id 0): a DFlash/DSpark draft, token-only
-    drafters (llama.cpp's n-gram types, our lookup), or a chain of both (`SpecConfig.spec_type`).
+    """Speculative decoding of one sequence (seq_id 0): a DFlash/DSpark draft, the target's own
+    MTP head, token-only drafters (llama.cpp's n-gram types, our lookup), a chain of them or `auto`
+    over them (`SpecConfig.spec_type`).
 
     Both files are validated in Python before llama.cpp sees them (llama.cpp aborts the process
     on several incompatibilities).  The draft context shares the target's embeddings and LM head
@@ -166,6 +172,8 @@ class LlamaDFlashDecoding(_Decoder):
         self.spec = spec
         self.target_info: GGUFInfo = check_gguf_file(target.model)
         validate_target(self.target_info)
+        if spec.uses_mtp:
+            check_mtp_target(self.target_info)
         self.draft_info: Optional[DraftInfo] = None
         if spec.uses_draft_model:
             self.draft_info = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)
@@ -175,10 +183,11 @@ class LlamaDFlashDecoding(_Decoder):
             raise ValueError("spec_type 'none' drafts nothing: use OrdinaryDecoding")
         self.algorithm = self._algorithm_name()
         self._dflash: Optional[DFlashProposer] = None
+        self._mtp: Optional[MTPProposer] = None
         self._chain: Optional[ChainProposer] = None
         self._auto: Optional[AutoProposer] = None
         self.last_stats = self._new_stats()
-        self._model, self._owns_model = _load_target_model(target, model)
+        self._model, self._owns_model = _load_target_model(target, model, load_mtp=spec.uses_mtp)
         self.target = None  # type: ignore[assignment]
         self.proposer: Optional[Proposer] = None
         try:
@@ -188,10 +197,11 @@ class LlamaDFlashDecoding(_Decoder):
                 self._model, target, extract_layers=self.draft_info.target_layers if self.draft_info else (),
                 n_rs_seq=n_rs_seq, n_outputs_max_per_seq=0,
             )
+            if spec.uses_mtp:
+                self._mtp = MTPProposer(spec, self.target, self.last_stats)
             if self.draft_info is not None:
                 self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
-            name = self._draft_type_name() if self.draft_info is not None else "draft-dflash"
-            self.proposer = build_proposer(spec, self._dflash, name, drafters=self._token_drafters)
+            self.proposer = build_proposer(spec, self._models(), drafters=self._token_drafters)
             if isinstance(self.proposer, AutoProposer):
                 self._auto = self.proposer
             elif isinstance(self.proposer, ChainProposer):
@@ -203,22 +213,40 @@ class LlamaDFlashDecoding(_Decoder):
             # one controller per engine: repeated generations start with warm cost/acceptance models
             self._auto_controller: Optional[AdaptiveController] = None
             self.controller: Optional[AdaptiveController] = (
-                self._adaptive() if spec.adaptive and self._dflash is not None and self._auto is None else None)
+                self._adaptive() if spec.adaptive and self._single_model() is not None else None)
         except BaseException:
             self.close()
             raise
 
-    def _algorithm_name(self) -> str:
-        """The draft's algorithm alone; a chain: its members' names ("ngram-map-k,draft-dflash")."""
-        if self._auto_type:
-            return "auto" + ("," + self._draft_type_name() if self.draft_info is not None else "")
-        if not self._token_drafters:
-            assert self.draft_info is not None
-            return self.draft_info.algorithm
-        names = [d.name for d in self._token_drafters]
+    def _model_names(self) -> list[str]:
+        """The models' speculative-type names, in llama.cpp's priority: MTP head, draft model."""
+        names = ["draft-mtp"] if self.spec.uses_mtp else []
         if self.draft_info is not None:
             names.append(self._draft_type_name())
-        return ",".join(names)
+        return names
+
+    def _models(self) -> list[tuple[str, Proposer]]:
+        models: list[tuple[str, Proposer]] = []
+        if self._mtp is not None:
+            models.append(("draft-mtp", self._mtp))
+        if self._dflash is not None:
+            models.append((self._draft_type_name(), self._dflash))
+        return models
+
+    def _single_model(self) -> Optional[Proposer]:
+        """The model that drafts alone (no chain, no auto), if that is the setup."""
+        models = self._models()
+        return models[0][1] if len(models) == 1 and self.proposer is models[0][1] else None
+
+    def _algorithm_name(self) -> str:
+        """The draft's algorithm alone; the MTP head: "draft-mtp"; a chain: its members' names
+        ("ngram-map-k,draft-dflash"); auto: "auto" and its models."""
+        models = self._model_names()
+        if self._auto_type:
+            return ",".join(["auto"] + models)
+        if not self._token_drafters and len(models) == 1:
+            return self.draft_info.algorithm if self.draft_info is not None else models[0]
+        return ",".join([d.name for d in self._token_drafters] + models)
 
     def _draft_type_name(self) -> str:
         assert self.draft_info is not None
@@ -229,7 +257,7 @@ class LlamaDFlashDecoding(_Decoder):
         """The drafters asked at every step, in priority order."""
         if self._auto is not None:
             return ("auto",) + self._auto.names
-        return self._chain.names if self._chain is not None else (self._draft_type_name(),)
+        return self._chain.names if self._chain is not None else tuple(self._model_names())
 
     def _max_draft_tokens(self) -> int:
         n = [d.n_max for d in self._token_drafters]
@@ -237,6 +265,8 @@ class LlamaDFlashDecoding(_Decoder):
             n.append(build_auto_lookup().n_max)
         if self.draft_info is not None:
             n.append(self.draft_info.max_draft_tokens)
+        if self.spec.uses_mtp:
+            n.append(DEFAULT_MTP_N_MAX if self.spec.adaptive else int(self.spec.draft_n_max))
         return max(n)
 
     def _native_depth(self, target: TargetConfig, spec: SpecConfig, recurrent: bool) -> int:
@@ -258,28 +288,33 @@ class LlamaDFlashDecoding(_Decoder):
     def draft_n_max(self) -> int:
         return self._dflash.n_max if self._dflash is not None else self.proposer.n_max
 
+    def _ceiling(self) -> int:
+        """The longest draft of the model that drafts alone: a draft's block, or the MTP head's."""
+        return self.draft_info.max_draft_tokens if self._dflash is not None else DEFAULT_MTP_N_MAX
+
     def _adaptive(self) -> AdaptiveController:
         if self._auto_controller is None:
             # this engine's loop scores probes without verifying them (adaptive.ShadowProbe)
-            self._auto_controller = AdaptiveController(self.draft_info.max_draft_tokens, shadow_probes=True)
+            self._auto_controller = AdaptiveController(self._ceiling(), shadow_probes=True)
         return self._auto_controller
 
     def set_draft_n_max(self, n: "int | str") -> "int | str":
         """Change the draft length of later generations: an integer (clamped to the block) or
         "auto" (the adaptive controller, with the block as ceiling); returns what is used."""
-        if self._dflash is None or self._auto is not None:
-            raise ValueError("draft_n_max sets the draft model's length; these drafters have none "
+        model = self._single_model()
+        if model is None:
+            raise ValueError("draft_n_max sets the length of a model drafting alone; these drafters have none "
                              f"({', '.join(self.speculator_names)})")
         if n == "auto":
-            self._dflash.n_max = self.draft_info.max_draft_tokens
+            model.n_max = self._ceiling()
             self.controller = self._adaptive()
         else:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"draft_n_max must be an integer >= 1 or 'auto', not {n!r}")
-            self._dflash.n_max = self._dflash._clamp_n_max(n)
+            model.n_max = self._dflash._clamp_n_max(n) if model is self._dflash else n
             self.controller = None
-        self._dflash.n_min = min(self.spec.draft_n_min, self._dflash.n_max)
-        return "auto" if self.controller is not None else self._dflash.n_max
+        model.n_min = min(self.spec.draft_n_min, model.n_max)  # type: ignore[attr-defined]
+        return "auto" if self.controller is not None else model.n_max
 
     def _new_stats(self) -> SpecStats:
         if getattr(self, "_dflash", None) is not None:
@@ -304,9 +339,10 @@ class LlamaDFlashDecoding(_Decoder):
         rewinder = getattr(self, "rewinder", None)
         if rewinder is not None:
             rewinder.close()
-        dflash = getattr(self, "_dflash", None)
-        if dflash is not None:
-            dflash.close()
+        for name in ("_mtp", "_dflash"):
+            model = getattr(self, name, None)
+            if model is not None:
+                model.close()
         target = getattr(self, "target", None)
         if target is not None:
             target.close()
@@ -332,8 +368,9 @@ class LlamaDFlashDecoding(_Decoder):
         if self.proposer is None:
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
-        if self._dflash is not None:
-            self._dflash.stats = stats
+        for model in (self._dflash, self._mtp):
+            if model is not None:
+                model.stats = stats
         if self._chain is not None:
             self._chain.stats = stats
         if self._auto is not None:
@@ -346,6 +383,8 @@ class LlamaDFlashDecoding(_Decoder):
         prompt = list(prompt)
         state = state if state is not None else GenerationState()
         n_reuse = self._n_reuse(prompt, reuse_prefix)
+        if n_reuse and not getattr(self.proposer, "knows", lambda pos: True)(n_reuse):
+            n_reuse = 0  # (the MTP head lost the hidden state it would resume from)
         sampler = self._sampler(sampling, ignore_eos)
         gen = speculative_generate(self.target, self.proposer, prompt, max_tokens, sampler, state=state,
                                    stats=stats, controller=controller, rewinder=self.rewinder, n_reuse=n_reuse)

@@ -50,10 +50,11 @@ class DraftShape:
     confidence_head: bool = False
     sample_from_anchor: bool = True
     extra_keys: Mapping[str, object] = field(default_factory=dict)
+    head_size: int = 0  # 0: n_embd // n_head (written as key/value length)
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size or self.n_embd // self.n_head
 
     @property
     def ff(self) -> int:

@@ -1,5 +1,6 @@
-"""`AutoProposer`: every step, the lookup's draft, the draft model's block or no draft at all,
-whichever promises the most tokens per second by what this engine measured.
+"""`AutoProposer`: every step, the lookup's draft, a model's block (the target's MTP head, a
+DFlash/DSpark draft) or no draft at all, whichever promises the most tokens per second by what
+this engine measured.
 
 The choice is the adaptive controller's (`adaptive.py`) with a second candidate: expected tokens
 of a step over its expected cost.  What each option costs comes from measurements of this run:
@@ -7,16 +8,16 @@ of a step over its expected cost.  What each option costs comes from measurement
 * a step's verification (target decode of k+1 rows, sampling, feature injection) as a line in k,
   one curve for every option, since the target does not care who drafted; timed from the end of
   `propose` to the `accept` that follows it;
-* the draft model's block, another line in k, measured on the steps it drafted;
+* each model's block, another line in k per model, measured on the steps it drafted;
 * the lookup's own time, a running mean (microseconds).
 
 What each option yields: for the lookup, the per-slot acceptance `SuffixLookup.predict` attaches
-to its draft (from the match length and the acceptance seen so far at that length); for the
-draft model, `AcceptanceModel`'s per-slot rates (measured on its own steps, decayed).  The
+to its draft (from the match length and the acceptance seen so far at that length); for each
+model, `AcceptanceModel`'s per-slot rates (measured on its own steps, decayed).  The
 draft length is part of the choice: each option is scored at every k up to its limit.
 
 Until the costs of no draft and of a short draft are known the first steps measure them.  While
-the model is not chosen it is probed now and then (rarer after each probe that changed nothing),
+a model is not chosen it is probed now and then (rarer after each probe that changed nothing),
 so a draft that starts paying again is noticed.  A probe is a shadow: the model drafts its block
 on a step that decodes ordinarily, nothing of it is verified, and the block is scored against
 the tokens the target goes on to commit -- what a verification would have accepted under greedy
@@ -36,7 +37,7 @@ right one reaches 16 tokens within three steps.
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -51,64 +52,91 @@ __all__ = ["AutoProposer"]
 NONE, LOOKUP, MODEL, PROBE = "none", "lookup", "model", "probe"
 
 
+class _Arm:
+    """One model `auto` can draft with, and what this run measured of it."""
+
+    def __init__(self, name: str, proposer: Proposer, probe_interval: int):
+        self.name = name
+        self.proposer = proposer
+        self.costs = CostModel()  # its block, by k
+        self.acceptance = AcceptanceModel(proposer.n_max)
+        self.probe_interval = probe_interval
+        self.since = 0  # steps since it last drafted or was probed
+
+    @property
+    def n_max(self) -> int:
+        return self.proposer.n_max
+
+
+ModelsArg = Union[None, Proposer, Sequence[tuple[str, Proposer]]]
+
+
 class AutoProposer:
-    """The `auto` speculative type: lookup, draft model or nothing, chosen per step.
+    """The `auto` speculative type: lookup, one of the models or nothing, chosen per step.
 
-    `model` (a DFlash/DSpark `Proposer`, or None) is borrowed: its owner closes it.  `counts`
-    has one `SpeculatorCounts` per member ("lookup" and the model's `model_name`); steps that
-    chose no draft are in `none_steps`."""
+    `models` (the target's MTP head, a DFlash/DSpark draft: `(name, Proposer)` pairs, or a single
+    `Proposer` named `model_name`) are borrowed: their owner closes them.  `counts` has one
+    `SpeculatorCounts` per member ("lookup" and each model's name); steps that chose no draft
+    are in `none_steps`."""
 
-    def __init__(self, lookup: SuffixLookup, model: Optional[Proposer] = None, *,
+    def __init__(self, lookup: SuffixLookup, models: ModelsArg = None, *,
                  model_name: str = "draft-dflash", margin: float = 1.0, probe_interval: int = 8,
                  max_probe_interval: int = 128, probe_tokens: int = 2):
+        if models is None:
+            pairs: list[tuple[str, Proposer]] = []
+        elif isinstance(models, (list, tuple)):
+            pairs = list(models)
+        else:
+            pairs = [(model_name, models)]  # type: ignore[list-item]
         self.lookup = lookup
-        self.model = model
-        self.model_name = model_name
         self.margin = margin  # a draft must beat no draft by this factor
         self.verify_costs = CostModel()  # step cost after the draft, by k
-        self.model_costs = CostModel()  # the model's block, by k
-        self.model_acceptance = AcceptanceModel(model.n_max) if model is not None else None
+        self.arms = [_Arm(name, proposer, probe_interval) for name, proposer in pairs]
         self.lookup_seconds = 0.0  # running mean of one lookup
         self.min_probe_interval = probe_interval
         self.max_probe_interval = max_probe_interval
-        self.probe_interval = probe_interval
         self.probe_tokens = probe_tokens
         self.lookup_cap = probe_tokens  # the longest lookup draft for now (see the module docstring)
-        self._since_model = 0
-        self._pending: Optional[tuple[str, int, float]] = None  # (choice, k, end of propose)
-        self._shadow: Optional[tuple[list[int], int]] = None  # (block, index of its id_last in history)
+        self._pending: Optional[tuple[str, Optional[_Arm], int, float]] = None  # (choice, arm, k, end of propose)
+        self._shadow: Optional[tuple[_Arm, list[int], int]] = None  # (arm, block, index of its id_last in history)
+        self._probe_next: Optional[_Arm] = None
         self.stats: Optional[SpecStats] = None
         self.reset_counts()
 
     # ---- the Proposer interface ----------------------------------------------------------------
     @property
+    def model(self) -> Optional[Proposer]:
+        """The first model (compatibility: the only one before MTP heads joined)."""
+        return self.arms[0].proposer if self.arms else None
+
+    @property
     def n_max(self) -> int:
-        return max(self.lookup.n_max, self.model.n_max if self.model is not None else 0)
+        return max([self.lookup.n_max] + [a.n_max for a in self.arms])
 
     @property
     def needs_features(self) -> bool:
-        return self.model is not None
+        return bool(self.arms)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (LOOKUP,) + ((self.model_name,) if self.model is not None else ())
+        return (LOOKUP,) + tuple(a.name for a in self.arms)
 
     @property
     def label(self) -> str:
-        """What the statistics call it: "auto", with the draft model's type when it has one."""
-        return "auto" + ("," + self.model_name if self.model is not None else "")
+        """What the statistics call it: "auto", with its models' types."""
+        return ",".join(("auto",) + tuple(a.name for a in self.arms))
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = None
         self._shadow = None
         self.reset_counts()
         self.lookup.begin(prompt)
-        if self.model is not None:
-            self.model.begin(prompt)
+        for a in self.arms:
+            a.proposer.begin(prompt)
 
     def inject(self, features: np.ndarray, pos0: int) -> None:
-        if self.model is not None:
-            self.model.inject(features, pos0)
+        for a in self.arms:
+            a.proposer.inject(features, pos0)
 
     def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
                 history: Sequence[int] = ()) -> list[int]:
@@ -125,37 +153,38 @@ class AutoProposer:
         lk.draft_seconds += t1 - t0
         if self.stats is not None:
             self.stats.draft_seconds += t1 - t0
-        choice, k = self._choose(pred, n)
+        choice, arm, k = self._choose(pred, n)
         tokens: list[int] = []
         if choice == PROBE:
-            self._shadow_probe(id_last, n_past, history)
-            choice = NONE
+            assert arm is not None
+            self._shadow_probe(arm, id_last, n_past, history)
+            choice, arm = NONE, None
         if choice == LOOKUP:
             tokens = self.lookup.take(pred, k)
             self._record_draft(lk, tokens, t1 - t0)
         elif choice == MODEL:
-            assert self.model is not None
-            mc = self.counts[self.model_name]
+            assert arm is not None
+            mc = self.counts[arm.name]
             mc.draft_calls += 1
             t2 = time.perf_counter()
-            tokens = [int(t) for t in self.model.propose(id_last, n_past, k, history=history)]
+            tokens = [int(t) for t in arm.proposer.propose(id_last, n_past, k, history=history)]
             seconds = time.perf_counter() - t2
             mc.draft_seconds += seconds
-            self.model_costs.observe(len(tokens), seconds, 0.0)
+            arm.costs.observe(len(tokens), seconds, 0.0)
             if tokens:
                 mc.drafts += 1
                 mc.drafted += len(tokens)
         if not tokens:
-            choice = NONE
+            choice, arm = NONE, None
             self.none_steps += 1
-        self._pending = (choice, len(tokens), time.perf_counter())
+        self._pending = (choice, arm, len(tokens), time.perf_counter())
         return tokens
 
     def accept(self, n_accepted: int) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        choice, k, t_end = pending
+        choice, arm, k, t_end = pending
         self.verify_costs.observe(k, 0.0, time.perf_counter() - t_end)
         self.lookup.accept(n_accepted, choice != LOOKUP)
         if choice == LOOKUP:
@@ -165,24 +194,27 @@ class AutoProposer:
             elif k:
                 self.lookup_cap = max(self.probe_tokens, 2 * n_accepted)
         elif choice == MODEL:
-            assert self.model is not None and self.model_acceptance is not None
-            self.model.accept(n_accepted)
-            self.model_acceptance.observe(k, n_accepted)
-            self.counts[self.model_name].record_accept(n_accepted)
+            assert arm is not None
+            arm.proposer.accept(n_accepted)
+            arm.acceptance.observe(k, n_accepted)
+            self.counts[arm.name].record_accept(n_accepted)
 
     def rollback(self, n_past: int) -> None:
-        if self.model is not None:
-            self.model.rollback(n_past)
+        for a in self.arms:
+            a.proposer.rollback(n_past)
 
     def clear(self) -> None:
-        if self.model is not None:
-            self.model.clear()
+        for a in self.arms:
+            a.proposer.clear()
 
     def pos_max(self) -> int:
-        return self.model.pos_max() if self.model is not None else -1  # type: ignore[attr-defined]
+        return self.arms[0].proposer.pos_max() if self.arms else -1  # type: ignore[attr-defined]
+
+    def knows(self, pos: int) -> bool:
+        return all(getattr(a.proposer, "knows", lambda p: True)(pos) for a in self.arms)
 
     def close(self) -> None:
-        """Owns no handle: the draft model's owner closes it."""
+        """Owns no handle: the models' owner closes them."""
 
     # ---- counts ----------------------------------------------------------------------------------
     def reset_counts(self) -> None:
@@ -203,30 +235,28 @@ class AutoProposer:
             self.stats.draft_steps += 1
             self.stats.drafted += len(tokens)
 
-    # ---- shadow probes of the model ---------------------------------------------------------------
-    def _shadow_probe(self, id_last: int, n_past: int, history: Sequence[int]) -> None:
+    # ---- shadow probes of a model -----------------------------------------------------------------
+    def _shadow_probe(self, arm: _Arm, id_last: int, n_past: int, history: Sequence[int]) -> None:
         """Draft the model's block without verifying it; `_score_shadow` grades it later."""
-        assert self.model is not None
-        mc = self.counts[self.model_name]
+        mc = self.counts[arm.name]
         mc.draft_calls += 1
         t0 = time.perf_counter()
-        block = [int(t) for t in self.model.propose(id_last, n_past, self.model.n_max, shadow=True,
-                                                    history=history)]
+        block = [int(t) for t in arm.proposer.propose(id_last, n_past, arm.n_max, shadow=True, history=history)]
         seconds = time.perf_counter() - t0
         mc.draft_seconds += seconds
         if self.stats is not None:
             self.stats.shadow_probes += 1
         if block:
-            self.model_costs.observe(len(block), seconds, 0.0)
-            self._shadow = (block, len(history))
+            arm.costs.observe(len(block), seconds, 0.0)
+            self._shadow = (arm, block, len(history))
         else:
-            self._after_probe(0)
+            self._after_probe(arm, 0)
 
     def _score_shadow(self, history: Sequence[int], id_last: int) -> None:
         """Compare the shadow block with what was committed after its id_last (greedy: exactly
         what a verification would have accepted); report it once it is decided."""
-        assert self._shadow is not None and self.model_acceptance is not None
-        block, at = self._shadow
+        assert self._shadow is not None
+        arm, block, at = self._shadow
         committed = list(history[at + 1:]) + [id_last]
         matched = 0
         for tok, want in zip(committed, block):
@@ -237,19 +267,18 @@ class AutoProposer:
             if matched < len(block) and len(committed) < len(block):
                 return  # all it could be compared with agreed: wait for more tokens
         self._shadow = None
-        self.model_acceptance.observe(len(block), matched)
+        arm.acceptance.observe(len(block), matched)
         if self.stats is not None:
             self.stats.shadow_accepted += matched
-        self._after_probe(matched)
+        self._after_probe(arm, matched)
 
-    def _after_probe(self, matched: int) -> None:
+    def _after_probe(self, arm: _Arm, matched: int) -> None:
         """A probe that would change the decision keeps probing often; one that changed nothing
         makes the next one rarer."""
-        assert self.model is not None
-        if matched and self._model_rate(self.model.n_max)[1] > self._none_rate() * self.margin:
-            self.probe_interval = self.min_probe_interval
+        if matched and self._model_rate(arm, arm.n_max)[1] > self._none_rate() * self.margin:
+            arm.probe_interval = self.min_probe_interval
         else:
-            self.probe_interval = min(self.max_probe_interval, 2 * self.probe_interval)
+            arm.probe_interval = min(self.max_probe_interval, 2 * arm.probe_interval)
 
     # ---- the decision ----------------------------------------------------------------------------
     def _none_rate(self) -> float:
@@ -271,16 +300,14 @@ class AutoProposer:
                 best_k, best = k, r
         return best_k, best
 
-    def _model_rate(self, n: int) -> tuple[int, float]:
-        """(k, expected tokens per second) of the model's best block length."""
-        if self.model is None or self.model_acceptance is None:
-            return 0, 0.0
+    def _model_rate(self, arm: _Arm, n: int) -> tuple[int, float]:
+        """(k, expected tokens per second) of a model's best block length."""
         best_k, best = 0, 0.0
         expected, run = 1.0, 1.0
-        for k in range(1, min(n, self.model.n_max) + 1):
-            run *= self.model_acceptance.p(k - 1)
+        for k in range(1, min(n, arm.n_max) + 1):
+            run *= arm.acceptance.p(k - 1)
             expected += run
-            tv, td = self.verify_costs.verify_time(k), self.model_costs.draft_time(k)
+            tv, td = self.verify_costs.verify_time(k), arm.costs.draft_time(k)
             if tv is None or td is None:
                 continue
             r = expected / (tv + td + self.lookup_seconds)
@@ -288,36 +315,41 @@ class AutoProposer:
                 best_k, best = k, r
         return best_k, best
 
-    def _choose(self, pred: LookupDraft, n: int) -> tuple[str, int]:
+    def _choose(self, pred: LookupDraft, n: int) -> tuple[str, Optional[_Arm], int]:
         if n <= 0:
-            return NONE, 0
+            return NONE, None, 0
         # measure first: no draft, then one short draft (the lookup's if it has one)
         if not self.verify_costs.known(0):
-            return NONE, 0
+            return NONE, None, 0
         short = min(self.probe_tokens, n)
         if not any(self.verify_costs.known(k) for k in range(1, n + 1)):
             if pred.tokens:
-                return LOOKUP, min(short, len(pred.tokens))
-            if self.model is not None:
-                return MODEL, short
-            return NONE, 0
-        if self.model is not None and not self.model_costs.curve():
-            return PROBE, 0  # the model's block cost and first acceptance, from a shadow
-        options = [(self._none_rate() * self.margin, NONE, 0)]
+                return LOOKUP, None, min(short, len(pred.tokens))
+            if self.arms:
+                return MODEL, self.arms[0], short
+            return NONE, None, 0
+        for arm in self.arms:  # each model's block cost and first acceptance, from a shadow
+            if not arm.costs.curve():
+                return (PROBE, arm, 0) if self._shadow is None else (NONE, None, 0)
+        options: list[tuple[float, str, Optional[_Arm], int]] = [(self._none_rate() * self.margin, NONE, None, 0)]
         if pred.tokens:
             k, r = self._lookup_rate(pred, min(n, len(pred.tokens), self.lookup_cap))
             if k:
-                options.append((r, LOOKUP, k))
-        if self.model is not None:
-            k, r = self._model_rate(n)
+                options.append((r, LOOKUP, None, k))
+        for arm in self.arms:
+            k, r = self._model_rate(arm, n)
             if k:
-                options.append((r, MODEL, k))
-        rate, choice, k = max(options, key=lambda o: o[0])
-        if choice == MODEL or self.model is None:
-            self._since_model = 0
-        else:
-            self._since_model += 1
-            if choice == NONE and self._since_model >= self.probe_interval and self._shadow is None:
-                self._since_model = 0
-                return PROBE, 0
-        return choice, k
+                options.append((r, MODEL, arm, k))
+        rate, choice, chosen, k = max(options, key=lambda o: o[0])
+        probe: Optional[_Arm] = None
+        for arm in self.arms:
+            if arm is chosen:
+                arm.since = 0
+                continue
+            arm.since += 1
+            if probe is None and choice == NONE and arm.since >= arm.probe_interval and self._shadow is None:
+                probe = arm
+        if probe is not None:
+            probe.since = 0
+            return PROBE, probe, 0
+        return choice, chosen, k

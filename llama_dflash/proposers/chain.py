@@ -6,6 +6,7 @@ the step's budget; after verification the winner hears `accept(n, is_other=False
 speculator `accept(n, is_other=True)`.  The winner is remembered until another one drafts (a step
 where nobody drafts reports to the previous winner, as there).  A draft model in the chain keeps its
 features current on every step, whoever drafted: the loop injects every verified row into it.
+Several models can join (the target's MTP head before a draft model, as llama.cpp orders them).
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ class ChainProposer:
     `counts` holds each member's `SpeculatorCounts`, by name, for the generations since the last
     `reset_counts`."""
 
-    def __init__(self, drafters: Sequence[TokenDrafter], model: Optional[ModelMember] = None):
-        members: list[Member] = list(drafters)
-        if model is not None:
-            members.append(model)
+    def __init__(self, drafters: Sequence[TokenDrafter],
+                 model: Union[None, ModelMember, Sequence[ModelMember]] = None):
+        models = [] if model is None else [model] if isinstance(model, ModelMember) else list(model)
+        members: list[Member] = list(drafters) + models
         if not members:
             raise ValueError("a chain needs at least one drafter")
         names = [m.name for m in members]
@@ -118,7 +119,9 @@ class ChainProposer:
             raise ValueError(f"a chain cannot hold the same speculator twice: {', '.join(names)}")
         self.members: tuple[Member, ...] = tuple(members)
         self.drafters: tuple[TokenDrafter, ...] = tuple(drafters)
-        self.model = model
+        # the models (the target's MTP head, a draft model), in priority order after the drafters
+        self.models: tuple[ModelMember, ...] = tuple(models)
+        self.model: Optional[ModelMember] = self.models[0] if self.models else None
         self._last: Optional[Member] = None  # the latest winner (llama.cpp's impl_last)
         self._won = False  # whether it won the current step
         # where token drafters' tokens and time are counted (the draft model counts its own)
@@ -132,7 +135,7 @@ class ChainProposer:
 
     @property
     def needs_features(self) -> bool:
-        return self.model is not None
+        return bool(self.models)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -152,8 +155,8 @@ class ChainProposer:
             m.begin(prompt)
 
     def inject(self, features: np.ndarray, pos0: int) -> None:
-        if self.model is not None:
-            self.model.proposer.inject(features, pos0)
+        for m in self.models:
+            m.proposer.inject(features, pos0)
 
     def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
                 history: Sequence[int] = ()) -> list[int]:
@@ -202,18 +205,21 @@ class ChainProposer:
                 m.accept(n_accepted, True)
 
     def rollback(self, n_past: int) -> None:
-        if self.model is not None:
-            self.model.proposer.rollback(n_past)
+        for m in self.models:
+            m.proposer.rollback(n_past)
 
     def clear(self) -> None:
-        if self.model is not None:
-            self.model.proposer.clear()
+        for m in self.models:
+            m.proposer.clear()
 
     def pos_max(self) -> int:
         return self.model.proposer.pos_max() if self.model is not None else -1
 
+    def knows(self, pos: int) -> bool:
+        return all(getattr(m.proposer, "knows", lambda p: True)(pos) for m in self.models)
+
     def close(self) -> None:
-        """The chain owns no handle: the draft model's owner closes it."""
+        """The chain owns no handle: the models' owner closes them."""
 
     def counts_dict(self) -> dict[str, dict]:
         """Each member's counts with derived rates, by name."""

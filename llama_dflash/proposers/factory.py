@@ -3,7 +3,7 @@ the chain or `auto` around them and the draft model."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from .auto import AutoProposer
 from .base import Proposer, TokenDrafter
@@ -54,15 +54,24 @@ def draft_type_name(algorithm: str) -> str:
     return "draft-dspark" if algorithm == "dspark" else "draft-dflash"
 
 
-def build_proposer(spec, model: Optional[Proposer], model_name: str = "draft-dflash", *,
+def build_proposer(spec, model: Union[None, Proposer, Sequence[tuple[str, Proposer]]],
+                   model_name: str = "draft-dflash", *,
                    drafters: Optional[Sequence[TokenDrafter]] = None) -> Proposer:
-    """What drafts for `spec`: `auto` over the lookup and `model`, a chain of the token drafters
-    (and `model` last), or `model` alone.  `model` stays owned by the caller."""
-    if "auto" in spec.spec_types:
-        return AutoProposer(build_auto_lookup(), model, model_name=model_name)
-    drafters = list(drafters) if drafters is not None else build_token_drafters(spec)
-    if drafters:
-        return ChainProposer(drafters, ModelMember(model, model_name) if model is not None else None)
+    """What drafts for `spec`: `auto` over the lookup and the models, a chain of the token drafters
+    (and the models last), or a model alone.  `model`: one model named `model_name`, or
+    `(name, model)` pairs in llama.cpp's priority (the MTP head before a draft model).  The
+    models stay owned by the caller."""
     if model is None:
+        models: list[tuple[str, Proposer]] = []
+    elif isinstance(model, (list, tuple)):
+        models = list(model)
+    else:
+        models = [(model_name, model)]  # type: ignore[list-item]
+    if "auto" in spec.spec_types:
+        return AutoProposer(build_auto_lookup(), models)
+    drafters = list(drafters) if drafters is not None else build_token_drafters(spec)
+    if drafters or len(models) > 1:
+        return ChainProposer(drafters, [ModelMember(p, name) for name, p in models])
+    if not models:
         raise ValueError(f"spec_type {','.join(spec.spec_types) or 'none'} selects no drafter")
-    return model
+    return models[0][1]

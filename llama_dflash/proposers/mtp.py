@@ -1,0 +1,303 @@
+"""`MTPProposer`: the target's own multi-token-prediction (nextn) head as a drafter (`draft-mtp`).
+
+Models such as Qwen3.5/3.6 (`qwen35`, `qwen35moe`) ship MTP blocks after their trunk.  llama.cpp
+runs them in a second context of type `LLAMA_CONTEXT_TYPE_MTP` on the target's own model
+(loaded with `load_mtp`), with its own KV cache; `common_speculative_impl_draft_mtp`
+(common/speculative.cpp) is the reference for everything here:
+
+* the MTP cache entry at position p is the pair (token x_p, the target's hidden state h_{p-1}):
+  after every target decode the decoded rows go into the MTP context, each token with the
+  previous row's `llama_get_embeddings_nextn` output (the first with the row before the batch);
+* a draft starts at id_last (position n_past) with h_{n_past-1} and continues one token per
+  decode, each new token paired with the MTP context's own hidden row of the step before; the
+  drafted cells are removed afterwards;
+* each token is the top candidate of its row; with p_min > 0 the draft stops at the first token
+  whose probability (softmax over the top 10 logits) is below p_min; fewer than n_min: none.
+
+Only the rows that stay in the target's cache reach the MTP context (the loop injects id_last
+and the accepted drafts), so a rejection needs no extra work beyond cutting cells past n_past.
+The hidden rows of the last few positions are kept so that the row before any position the loop
+can rewind to is known.  One head (`nextn_predict_layers` 1) is driven; llama.cpp's chained heads
+(step35) and shared-KV assistants (gemma4) are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+from llama_cpp import llama_cpp as ll
+
+from .. import _bindings as ext
+from .._batch import logits_ith_addr
+from .._llama import BatchExt, Context
+from ..config import SpecConfig
+from ..errors import IncompatibleModelError, LlamaCallError
+from ..stats import SpecStats
+from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
+
+__all__ = ["MTPProposer", "MTP_GRAPH_ARCHS", "DEFAULT_MTP_N_MAX", "mtp_layers"]
+
+CANDIDATES = 10  # as llama.cpp's driver: a top-10 sampler per draft row
+#: draft length of draft_n_max="auto" (the adaptive controller's ceiling); one head's drafts
+#: lose accuracy quickly with depth
+DEFAULT_MTP_N_MAX = 4
+#: architectures whose llama.cpp graph has an MTP decoder (src/models/*.cpp, LLM_GRAPH_TYPE_DECODER_MTP)
+MTP_GRAPH_ARCHS = frozenset({
+    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
+    "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
+})
+_KEEP_ROWS = 512  # hidden rows kept behind the MTP cache's end (a rewind goes back at most a block)
+
+
+def mtp_layers(info) -> int:
+    """`{arch}.nextn_predict_layers` of a target's GGUF info (0: no MTP head)."""
+    value = info.get(f"{info.architecture}.nextn_predict_layers", 0)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def check_mtp_target(info) -> int:
+    """The target must carry exactly one MTP block on an architecture llama.cpp drafts with;
+    returns the block count.  IncompatibleModelError names the field otherwise."""
+    arch = info.architecture
+    key = f"{arch}.nextn_predict_layers"
+    n = mtp_layers(info)
+    if n <= 0:
+        raise IncompatibleModelError(
+            info.path, key, None if key not in info.metadata else n,
+            "an MTP head (>= 1 nextn layer): draft-mtp drafts with the target's own multi-token-prediction "
+            "block, and this file has none (convert the model with its MTP weights, or use another --spec-type)")
+    if arch not in MTP_GRAPH_ARCHS:
+        raise IncompatibleModelError(info.path, "general.architecture", arch,
+                                     f"an architecture whose llama.cpp graph runs MTP blocks "
+                                     f"({', '.join(sorted(MTP_GRAPH_ARCHS))})")
+    if n > 1:
+        raise IncompatibleModelError(info.path, key, n, "1 (chained MTP heads, as step35's, are not driven yet)")
+    return n
+
+
+class MTPProposer:
+    """The MTP head of the target model, drafting from its own context (see the module docstring)."""
+
+    needs_features = True  # it must see every target decode (its rows and hidden states)
+
+    def __init__(self, spec: SpecConfig, target: TargetContext, stats: SpecStats):
+        self.spec = spec
+        self.stats = stats
+        self.target = target
+        model = target.model
+        self.n_layers = int(ll.llama_model_n_layer_nextn(model.ptr))
+        if self.n_layers <= 0:
+            raise IncompatibleModelError(model.path, "load_mtp", False,
+                                         "the target loaded with its MTP layers (Model(..., load_mtp=True))")
+        self.n_max = DEFAULT_MTP_N_MAX if spec.adaptive else int(spec.draft_n_max)
+        self.n_min = min(spec.draft_n_min, self.n_max)
+        self.p_min = spec.draft_p_min
+        self.n_embd = int(ll.llama_model_n_embd_out(model.ptr)) if hasattr(ll, "llama_model_n_embd_out") \
+            else model.n_embd
+        params = ll.llama_context_default_params()
+        params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        params.n_ctx = target.n_ctx
+        params.n_batch = target.ctx.n_batch
+        params.n_ubatch = target.ctx.n_ubatch
+        params.n_seq_max = 1
+        params.n_rs_seq = 0
+        threads = spec.draft_n_threads or target.config.n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = FLASH_ATTN_TYPES[target.config.flash_attn]
+        params.no_perf = True
+        params.ctx_other = target.ctx.ptr  # as llama.cpp's driver (ignored for these graphs)
+        self.ctx = Context(model, params)
+        self.batch = BatchExt(self.ctx)
+        # the target hands out every row's hidden state; this context only its output rows'
+        ext.llama_set_embeddings_nextn(target.ctx.ptr, True, False)
+        ext.llama_set_embeddings_nextn(self.ctx.ptr, True, True)
+        self._embd = ll.llama_embd(None, 1, self.n_embd)
+        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
+        self._queue: list[tuple[np.ndarray, np.ndarray, int]] = []  # (tokens, hidden rows, pos0)
+        self._end = 0  # the MTP cache holds positions < _end
+        self._hidden = np.zeros((0, self.n_embd), dtype=np.float32)  # rows of positions _h0.._h0+len-1
+        self._h0 = 0
+        self._row = np.empty((1, self.n_embd), dtype=np.float32)  # a draft step's input row
+
+    # ---- what the loop calls ----------------------------------------------------------------
+    def begin(self, prompt: Sequence[int]) -> None:
+        """Nothing: the prompt reached the MTP context row by row during prefill."""
+
+    def inject(self, features: np.ndarray, pos0: int) -> None:
+        """The target just decoded rows at pos0..: queue their tokens and hidden states (copies:
+        the next target decode overwrites both buffers)."""
+        n = features.shape[0]
+        if n == 0:
+            return
+        ptr = ext.llama_get_embeddings_nextn(self.target.ctx.ptr)
+        if not ptr:
+            raise LlamaCallError("the target produced no MTP hidden states (llama_get_embeddings_nextn)")
+        hidden = np.array(float_view(ptr, (n, self.n_embd)))
+        tokens = np.array(self.target.batch.token[:n], dtype=np.int32)
+        self._queue.append((tokens, hidden, pos0))
+
+    def flush(self) -> None:
+        """Decode every queued row into the MTP context, each token with the row before it."""
+        if not self._queue:
+            return
+        t0 = time.perf_counter()
+        queue, self._queue = self._queue, []
+        for tokens, hidden, pos0 in queue:
+            self._decode_rows(tokens, hidden, pos0)
+        self.stats.process_seconds += time.perf_counter() - t0
+
+    def _decode_rows(self, tokens: np.ndarray, hidden: np.ndarray, pos0: int) -> None:
+        n = len(tokens)
+        skip = max(0, self._end - pos0)  # rows the cache already holds (a re-decoded prefix)
+        inputs = np.empty((n, self.n_embd), dtype=np.float32)
+        if skip < n:
+            inputs[0] = self._hidden_at(pos0 - 1) if pos0 > 0 else 0.0
+            inputs[1:] = hidden[:-1]
+            self._remember(hidden, pos0)
+            if not self.ctx.seq_rm(0, pos0 + skip, -1):
+                raise LlamaCallError(f"llama_memory_seq_rm failed on the MTP context at {pos0 + skip}")
+            batch, emb, data = self.batch, self._embd, self._embd_data
+            batch.clear()
+            base, stride = inputs.ctypes.data, inputs.strides[0]
+            for i in range(skip, n):
+                idx = batch.add_token(int(tokens[i]), pos0 + i, False)
+                data.value = base + i * stride
+                if not ll.llama_batch_ext_set_embd_token(batch.ptr, idx, emb):
+                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {pos0 + i}")
+            rc = batch.process()
+            if rc != 0:
+                raise LlamaCallError(f"MTP context decode of {n - skip} rows at position {pos0 + skip} failed (rc {rc})")
+            self._end = pos0 + n
+        else:
+            self._remember(hidden, pos0)
+
+    def _remember(self, hidden: np.ndarray, pos0: int) -> None:
+        """Keep the hidden rows of the latest positions (the row before any position the loop
+        may rewind to, or draft from)."""
+        end = self._h0 + len(self._hidden)
+        if pos0 == end and len(self._hidden):
+            rows = np.concatenate([self._hidden, hidden])
+            h0 = self._h0
+        elif self._h0 <= pos0 < end:
+            rows = np.concatenate([self._hidden[: pos0 - self._h0], hidden])
+            h0 = self._h0
+        else:
+            rows, h0 = hidden, pos0
+        if len(rows) > _KEEP_ROWS:
+            h0 += len(rows) - _KEEP_ROWS
+            rows = rows[-_KEEP_ROWS:]
+        self._hidden, self._h0 = np.ascontiguousarray(rows), h0
+
+    def _hidden_at(self, pos: int) -> np.ndarray:
+        i = pos - self._h0
+        if not 0 <= i < len(self._hidden):
+            raise LlamaCallError(f"the target's hidden state at position {pos} is no longer known to the MTP "
+                                 f"drafter (kept: {self._h0}..{self._h0 + len(self._hidden) - 1})")
+        return self._hidden[i]
+
+    def knows(self, pos: int) -> bool:
+        """Whether drafting (or decoding rows) can resume at `pos`: the hidden state of the row
+        before it is kept."""
+        return pos == 0 or self._h0 <= pos - 1 < self._h0 + len(self._hidden)
+
+    def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
+                history: Sequence[int] = ()) -> list[int]:
+        """Up to n tokens after id_last (at position n_past), one MTP decode per token."""
+        n = min(n, self.n_max)
+        if n <= 0 or n_past + n > self.target.n_ctx:
+            return []
+        self.flush()
+        t0 = time.perf_counter()
+        tokens: list[int] = []
+        ctx, batch, row = self.ctx, self.batch, self._row
+        row[0] = self._hidden_at(n_past - 1) if n_past > 0 else 0.0
+        try:
+            tok = id_last
+            for i in range(n):
+                batch.clear()
+                idx = batch.add_token(tok, n_past + i, True)
+                self._embd_data.value = row.ctypes.data
+                if not ll.llama_batch_ext_set_embd_token(batch.ptr, idx, self._embd):
+                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {n_past + i}")
+                rc = batch.process()
+                if rc != 0:
+                    raise LlamaCallError(f"MTP draft decode at position {n_past + i} failed (rc {rc})")
+                tok, prob = self._top(0)
+                if prob < self.p_min:
+                    break
+                tokens.append(tok)
+                if i + 1 < n:
+                    h = ext.llama_get_embeddings_nextn_ith(ctx.ptr, 0)
+                    if not h:
+                        raise LlamaCallError("the MTP head produced no hidden state (llama_get_embeddings_nextn_ith)")
+                    row[0] = float_view(h, (self.n_embd,))
+        finally:
+            # keep only rows of committed positions: the drafted cells go
+            self.ctx.seq_rm(0, n_past, -1)
+            self._end = min(self._end, n_past)
+        if len(tokens) < self.n_min:
+            tokens = []
+        self.stats.draft_seconds += time.perf_counter() - t0
+        self.stats.draft_steps += 1
+        if shadow:
+            self.stats.shadow_drafted += len(tokens)
+        else:
+            self.stats.drafted += len(tokens)
+        return tokens
+
+    def _top(self, i: int) -> tuple[int, float]:
+        """Row i's top token (lowest id among equal logits) and, with p_min > 0, its probability
+        under a softmax over the top CANDIDATES logits (else 1.0)."""
+        ptr = logits_ith_addr(self.ctx.ptr, i)
+        if not ptr:
+            raise LlamaCallError(f"the MTP head produced no logits for row {i}")
+        logits = float_view(ptr, (self.target.n_vocab,))
+        tok = int(np.argmax(logits))
+        if self.p_min <= 0.0:
+            return tok, 1.0
+        cand = logits[np.argpartition(logits, -CANDIDATES)[-CANDIDATES:]]
+        return tok, float(1.0 / np.exp(cand - logits[tok]).sum())
+
+    def accept(self, n_accepted: int) -> None:
+        """Nothing: the accepted rows arrive through `inject`."""
+
+    def rollback(self, n_past: int) -> None:
+        """Forget everything at n_past and beyond (queued rows included)."""
+        kept = []
+        for tokens, hidden, pos0 in self._queue:
+            if pos0 < n_past:
+                m = n_past - pos0
+                kept.append((tokens[:m], hidden[:m], pos0))
+        self._queue = kept
+        if self._end > n_past:
+            if not self.ctx.seq_rm(0, n_past, -1):
+                raise LlamaCallError(f"llama_memory_seq_rm failed on the MTP context at {n_past}")
+            self._end = n_past
+        end = self._h0 + len(self._hidden)
+        if end > n_past:
+            self._hidden = self._hidden[: max(0, n_past - self._h0)]
+
+    def clear(self) -> None:
+        self._queue = []
+        self.ctx.clear()
+        self._end = 0
+        self._hidden = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._h0 = 0
+
+    def pos_max(self) -> int:
+        self.flush()
+        return self.ctx.pos_max(0)
+
+    def close(self) -> None:
+        """Free the batch and the MTP context (the model is the target's: its owner frees it)."""
+        for owner in ("batch", "ctx"):
+            h = getattr(self, owner, None)
+            if h is not None:
+                h.close()
+        target = getattr(self, "target", None)
+        if target is not None and not target.ctx.closed:
+            ext.llama_set_embeddings_nextn(target.ctx.ptr, False, False)
