@@ -90,6 +90,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="built-in prompt set(s) instead of --prompt: "
                         + "; ".join(f"{k}: {v}" for k, v in WORKLOAD_HELP.items()) + "; all: every one")
     w.add_argument("--prompt-file", metavar="PATH", help="prompts: one per line, or JSONL with \"prompt\"")
+    w.add_argument("--compare-speculators", action="store_true",
+                   help="measure every speculator that applies to the target (its MTP head, each --draft-model "
+                        "-- a comma list here --, lookup, the n-gram types, auto) on the same prompts, side by side, "
+                        "and name the winner with the cost model's verdict for each")
     w.add_argument("--cpp-reference", metavar="BINARY",
                    help="also run llama.cpp's llama-speculative-simple on the same prompt tokens, n_predict, "
                         "speculative types, draft length, n-gram sizes, threads and --ignore-eos, and compare "
@@ -500,7 +504,48 @@ def _warn_offload(args: argparse.Namespace) -> Optional[str]:
 def run(args: argparse.Namespace) -> int:
     _validate_outputs(args)
     args.offload_warning = _warn_offload(args)
+    if args.compare_speculators:
+        return _run_compare(args)
     return _run_sweep(args) if _is_sweep(args) else _run_single(args)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    """--compare-speculators: every speculator that applies, side by side (bench/compare.py)."""
+    from ..defaults import default_draft_path, smollm2_path
+    from .compare import applicable_speculators, compare_speculators, format_comparison
+
+    if args.spec_type is not None or _is_sweep(args) or args.cpp_reference or args.oracle:
+        raise ValueError("--compare-speculators picks the speculators itself: leave out --spec-type, the sweeps, "
+                         "--cpp-reference and --oracle")
+    model = args.model or smollm2_path()
+    drafts = [d for d in (args.draft_model or "").split(",") if d]
+    if not drafts and args.model is None:
+        drafts = [default_draft_path(model)]
+    candidates, skipped = applicable_speculators(model, drafts, draft_tokens=args.draft_tokens)
+    target = target_config(args, model)
+    if args.prompt_file:
+        prompts = load_prompt_file(args.prompt_file)
+    elif args.workload == "all":
+        prompts = [p for name in WORKLOADS for p in workload_prompts(name)]
+    elif args.workload:
+        prompts = workload_prompts(args.workload)
+    else:
+        prompts = [args.prompt]
+    prompts = [_wrap(args, model, p) for p in prompts]
+    bar = _progress_bar(args, len(prompts) * args.runs)
+    try:
+        result = compare_speculators(target, candidates, prompts, max_tokens=args.max_tokens, runs=args.runs,
+                                     ignore_eos=args.ignore_eos, warmup_tokens=args.warmup_tokens,
+                                     sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+                                     not_applicable=skipped,
+                                     progress=(lambda _msg: bar.update(1)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(format_comparison(result))
+    if args.json:
+        _write(args.json, json.dumps(result.to_dict(), indent=2))
+    return 0
 
 
 def _speculator_field(speculators: dict) -> dict[str, str]:

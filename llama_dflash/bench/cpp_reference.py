@@ -15,7 +15,9 @@ __all__ = ["BudgetCounts", "CppResult", "CPP_SPEC_TYPES", "parse_cpp_output", "r
 
 #: the types llama-speculative-simple chains with --spec-type (llama.cpp 0.3.36's names)
 CPP_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-                  "draft-dflash", "draft-dspark")
+                  "draft-mtp", "draft-dflash", "draft-dspark")
+#: types that draft with the target's own weights: no draft file (-md)
+_NO_FILE_TYPES = ("draft-mtp",)
 
 
 @dataclass
@@ -92,14 +94,15 @@ def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str
                       draft_n_max: int, draft_p_min: float, n_ctx: int, n_batch: int, n_ubatch: int,
                       threads: Optional[int], repack: bool, ignore_eos: bool = False,
                       spec_types: Optional[Sequence[str]] = None, extra_args: Sequence[str] = (),
-                      timeout: float = 1800) -> CppResult:
+                      timeout: float = 1800, timed: bool = True) -> CppResult:
     """Run the C++ driver greedily on the same prompt text (passed raw: it tokenizes it itself, so
     pass the chat-formatted text), n_predict, draft settings, threads and ignore-eos.
 
     `spec_types`: llama.cpp's speculative types to chain (default: the draft's own type); a draft
     type among them needs `draft`.  `extra_args`: more flags, e.g. `ngram.cpp_ngram_args(...)`.
     It runs twice: once with its debug log for the per-step counts (`CppResult.steps`), once
-    without it for the timing (the log costs the driver ~6% of its speed)."""
+    without it for the timing (the log costs the driver ~6% of its speed); `timed=False` skips
+    the second run (counts only: its speed is then the logged run's)."""
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--cpp-reference {binary}: not an executable file")
     types = list(spec_types) if spec_types else [cpp_spec_type(draft) if draft else ""]
@@ -107,7 +110,7 @@ def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str
     if bad:
         raise ValueError(f"llama-speculative-simple has no speculative type {bad[0]!r} "
                          f"(it has {', '.join(CPP_SPEC_TYPES)})")
-    uses_draft = any(t.startswith("draft-") for t in types)
+    uses_draft = any(t.startswith("draft-") and t not in _NO_FILE_TYPES for t in types)
     if uses_draft and not draft:
         raise ValueError(f"--spec-type {','.join(types)} needs a draft model")
     cmd = [binary, "-m", model]
@@ -126,9 +129,11 @@ def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str
     if not repack:
         cmd.append("--no-repack")
     counted = _run_binary(cmd + ["-lv", "5"], timeout)
-    timed = _run_binary(cmd, timeout)
-    timed.steps = counted.steps
-    return timed
+    if not timed:
+        return counted
+    result = _run_binary(cmd, timeout)
+    result.steps = counted.steps
+    return result
 
 
 def _run_binary(cmd: list[str], timeout: float) -> CppResult:

@@ -324,7 +324,8 @@ def run_benchmark(cfg: BenchConfig, progress: Optional[Callable[[str], None]] = 
     with _warnings.catch_warnings(record=True) as caught:
         _warnings.simplefilter("always")
         t0 = time.perf_counter()
-        model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack)
+        model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack,
+                      load_mtp=cfg.spec.uses_mtp)
         model_load = time.perf_counter() - t0
         try:
             fit = raise_context(cfg, len(model.tokenize(cfg.prompt)), "the prompt", cfg.max_tokens)

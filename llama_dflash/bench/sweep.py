@@ -202,7 +202,8 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
     with _warnings.catch_warnings(record=True) as caught:
         _warnings.simplefilter("always")
         t0 = time.perf_counter()
-        model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack)
+        model = Model(cfg.target.model, n_gpu_layers=cfg.target.n_gpu_layers, repack=cfg.target.repack,
+                      load_mtp=cfg.spec.uses_mtp)
         try:
             notes = fit_context(cfg, model)
             with LlamaDFlashDecoding(cfg.target, cfg.spec, model=model) as spec_dec, \

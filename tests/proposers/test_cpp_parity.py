@@ -17,6 +17,7 @@ from llama_dflash import LlamaDFlashDecoding, SpecConfig, TargetConfig
 from llama_dflash.bench.cli import chat_wrap
 from llama_dflash.bench.cpp_reference import run_cpp_reference
 from llama_dflash.proposers.ngram import cpp_ngram_args
+from cpp_steps import StepRecorder, steps_within_budget
 
 
 def _cpp_binary():
@@ -55,29 +56,6 @@ CASES = [
 ]
 
 
-class StepRecorder:
-    """Wraps the engine's proposer and records (accepted, drafted) of every step."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.steps: list[tuple[int, int]] = []
-        self._drafted = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def propose(self, *args, **kwargs):
-        draft = self.inner.propose(*args, **kwargs)
-        if not kwargs.get("shadow"):
-            self._drafted = len(draft)
-        return draft
-
-    def accept(self, n_accepted):
-        self.steps.append((n_accepted, self._drafted))
-        self._drafted = 0
-        self.inner.accept(n_accepted)
-
-
 def _draft_for(types: str):
     from llama_dflash.defaults import default_draft_path, smollm2_path
 
@@ -113,12 +91,7 @@ def test_same_steps_as_the_cpp_driver(types, sizes, ignore_eos):
                             draft_p_min=0.0, n_ctx=1024, n_batch=256, n_ubatch=256, threads=2, repack=False,
                             ignore_eos=ignore_eos, spec_types=types.split(","), extra_args=extra, timeout=600)
     # the C++ steps our loop also takes: before the budget's last step (see within_budget)
-    theirs, n = [], 0
-    for a, d in cpp.steps:
-        if n >= N_PREDICT or (d > 0 and N_PREDICT - n - 1 <= 0):
-            break
-        theirs.append((a, d))
-        n += a + 1
+    theirs = steps_within_budget(cpp.steps, N_PREDICT)
     assert len(theirs) > 3, cpp.steps
     assert ours[:len(theirs)] == theirs
     if sizes or "draft-" in types:  # (with llama.cpp's default sizes, 96 tokens of this prompt give no match at all)
