@@ -432,7 +432,11 @@ def validate_target(target: GGUFInfo) -> None:
         if hc > 1:
             raise UnsupportedTargetError(
                 target.path, "qwen4exp.hyper_connection.count", hc,
-                "1 (with hyper-connections the layer inputs are wider than n_embd; llama.cpp cannot hand them over)")
+                "1 for a draft that reads layer inputs: with hyper-connections each layer input is count x "
+                "n_embd wide, and llama.cpp 0.3.36 hands over only n_embd-wide rows (its C++ driver aborts on "
+                "such a pair; llama.cpp itself refuses a qwen4exp count <= 1, so no DFlash/DSpark draft can "
+                "drive a Qwen3.8 target there).  Draft without layer inputs instead: --spec-type lookup, an "
+                "n-gram type (ngram-mod, ngram-simple, ...) or auto without a draft model")
     n_vocab = len(_token_list(target))
     _check_tokens_distinct(target)
     _check_float_weights(target)

@@ -133,6 +133,8 @@ def copy_fields(writer, source_path: str, include) -> int:
         if name.startswith("GGUF.") or not include(name):
             continue
         types = list(fld.types)
+        if types[0] == GGUFValueType.ARRAY and len(types) < 2:
+            continue  # an empty array (gguf-py records no item type): nothing to copy
         if types[0] == GGUFValueType.ARRAY:
             sub = types[1]
             if sub == GGUFValueType.STRING:
