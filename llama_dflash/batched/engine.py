@@ -278,6 +278,10 @@ class BatchedEngine:
         if spec is not None and "auto" in getattr(spec, "spec_types", ()):
             raise ValueError("the batched engine does not run spec_type auto; name the drafters "
                              "(e.g. ngram-simple, lookup, draft-dspark)")
+        if spec is not None and getattr(spec, "uses_mtp", False):
+            raise ValueError("the batched engine does not draft with the target's MTP head (draft-mtp): the models "
+                             "with one (qwen35, qwen35moe, ...) are hybrid, and a rejected draft cannot be cut from "
+                             "a sequence's recurrent state in a batch; serve draft-mtp with --parallel 1")
         self.spec = spec if spec is not None and spec.spec_types else None
         if self.spec is not None:
             build_token_drafters(self.spec)  # fail here, not at the first request
