@@ -321,10 +321,10 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Content] = None
-    name: Optional[str] = Field(None, max_length=256)
     tool_calls: Optional[Annotated[list[ToolCall], Field(max_length=MAX_MESSAGES)]] = None
     tool_call_id: Optional[str] = Field(None, max_length=256)
+    content: Optional[Content] = Field(None, validate_default=True)
+    name: Optional[str] = Field(None, max_length=256)
     # what clients echo back from an answer's message; carried nothing here
     refusal: Optional[str] = Field(None, max_length=MAX_TEXT)
     function_call: None = None
@@ -333,15 +333,27 @@ class Message(BaseModel):
 
     @model_validator(mode="after")
     def _fits_role(self) -> "Message":
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
         if self.role == "tool" and self.tool_call_id is None:
             raise ValueError("a tool message needs tool_call_id")
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError("only tool messages carry tool_call_id")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (it may be null only in an assistant message with tool_calls)")
         return self
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistant_calls(cls, v: Optional[list[ToolCall]], info: ValidationInfo) -> Optional[list[ToolCall]]:
+        if v is not None and info.data.get("role") != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _content_needed(cls, v: Optional[Any], info: ValidationInfo) -> Optional[Any]:
+        if "role" not in info.data or "tool_calls" not in info.data:
+            return v  # those failed validation: their error says more
+        if v is None and not (info.data["role"] == "assistant" and info.data["tool_calls"]):
+            raise ValueError("is required (it may be null only in an assistant message with tool_calls)")
+        return v
 
     def as_dict(self) -> dict[str, Any]:
         """What llama-cpp-python's chat templates read: text parts joined into one string."""
