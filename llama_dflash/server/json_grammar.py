@@ -134,10 +134,9 @@ class JsonGrammar(lg.SchemaConverter):
                 "minItems" in schema or "maxItems" in schema):
             item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
             lo, hi = int(schema.get("minItems", 0)), schema.get("maxItems")
-            if hi is not None and int(hi) < max(lo, 1):  # only the empty array (or none at all)
-                body = "" if int(hi) == 0 and lo == 0 else None
-                if body is None:
-                    raise SchemaError(f"minItems {lo} is above maxItems {hi}")
+            if hi is not None and int(hi) < lo:
+                raise SchemaError(f"minItems {lo} is above maxItems {hi}")
+            if hi is not None and int(hi) == 0:
                 return self._add_rule(rule_name, '"[" space "]" space')
             rest_hi = "" if hi is None else str(int(hi) - 1)
             more = f'("," space {item}){{{max(lo - 1, 0)},{rest_hi}}}'
