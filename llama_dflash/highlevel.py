@@ -443,12 +443,14 @@ class Llama(llama_cpp.Llama):
         self._generation += 1
         self._prefilling = True
         mine = self._generation
+        self._ended_on_eog = False
         inner = super().generate(tokens, *args, **kwargs)
         t0 = time.perf_counter()
         try:
             sent = None
             while True:
                 tok = inner.send(sent)
+                self._ended_on_eog = bool(ll.llama_vocab_is_eog(self._model.vocab, tok))
                 if stats.generated_tokens == 0:
                     stats.first_token_seconds = time.perf_counter() - t0
                 stats.generated_tokens += 1
@@ -479,16 +481,25 @@ class Llama(llama_cpp.Llama):
 
     def _with_stats(self, result: Any):
         if isinstance(result, dict):
-            result["speculative"] = stats_summary(self.last_stats)
+            result["speculative"] = self._summary()
             return result
         return self._stream_with_stats(result)
+
+    def _summary(self) -> dict[str, Any]:
+        """`stats_summary` of the last generation, with the prompt tokens found in the cache and the
+        tokens of the answer (llama-cpp-python's usage count: a closing end-of-generation token is
+        generated but not part of the answer)."""
+        out = stats_summary(self.last_stats)
+        out["cached_tokens"] = self.last_stats.reused_prompt_tokens
+        out["completion_tokens"] = self.last_stats.generated_tokens - int(getattr(self, "_ended_on_eog", False))
+        return out
 
     def _stream_with_stats(self, chunks: Iterator[dict]) -> Iterator[dict]:
         try:
             for chunk in chunks:
                 choices = chunk.get("choices") or []
                 if choices and choices[0].get("finish_reason") is not None:
-                    chunk["speculative"] = stats_summary(self.last_stats)
+                    chunk["speculative"] = self._summary()
                 yield chunk
         finally:
             close = getattr(chunks, "close", None)

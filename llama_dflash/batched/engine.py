@@ -752,6 +752,10 @@ class BatchedEngine:
             self.lengths.observe(len(running), k_model if model_accepted else 0, model_accepted, t_draft, t_verify)
 
     # ---- life --------------------------------------------------------------------------------------------
+    def busy_slots(self) -> list[int]:
+        """The slots (sequence ids) a request holds now."""
+        return sorted(s.seq_id for s in list(self._active))
+
     def stats(self) -> dict[str, Any]:
         """Engine-wide counters: steps, rows, mean sequences per step (occupancy), queue."""
         return {"n_seq": self.n_seq, "active": self.n_active, "waiting": self.n_waiting, "steps": self.steps,

@@ -35,6 +35,8 @@ from .guard import RequestGuard
 from .batched import batchable
 from .runner import Job, ModelRunner, RequestStopped
 from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
+from .structured import prepare
+from .timings import timings, usage
 
 __all__ = ["create_app", "Metrics", "DEFAULT_MAX_TOKENS_CAP"]
 
@@ -134,6 +136,14 @@ class Metrics:
             out.append(f"# TYPE {full} {kind}")
             out.append(f'{full}{{algorithm="{algorithm}"}} {value}')
         return "\n".join(out) + "\n"
+
+
+def _build_info() -> str:
+    import llama_cpp
+
+    from .. import __version__
+
+    return f"llama-dflash {__version__} (llama-cpp-python {llama_cpp.__version__})"
 
 
 def _as_api_error(exc: BaseException) -> Optional[APIError]:
@@ -285,19 +295,32 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     async def bug(_request: Request, exc: Exception):  # the traceback goes to the server's log
         return _json_response(error_body(500, f"internal server error ({type(exc).__name__})"), 500)
 
-    def encode_chunk(chunk: dict[str, Any]) -> bytes:
-        chunk["model"] = model_id
-        if "speculative" in chunk:
-            metrics.record(chunk["speculative"])
-        return f"data: {_dumps(chunk)}\n\n".encode()
+    def encoder(include_usage: bool) -> Callable[[dict[str, Any]], bytes]:
+        """SSE bytes of one chunk; the chunk with the finish reason gets `timings` and, with
+        `include_usage`, is followed by OpenAI's usage chunk (no choices)."""
+        def encode(chunk: dict[str, Any]) -> bytes:
+            chunk["model"] = model_id
+            tail = b""
+            spec = chunk.get("speculative")
+            if spec is not None:
+                metrics.record(spec)
+                chunk["timings"] = timings(spec)
+                if include_usage:
+                    last = {"id": chunk.get("id"), "object": chunk.get("object"), "created": chunk.get("created"),
+                            "model": model_id, "choices": [], "usage": usage(spec)}
+                    tail = f"data: {_dumps(last)}\n\n".encode()
+            if include_usage:
+                chunk.setdefault("usage", None)
+            return f"data: {_dumps(chunk)}\n\n".encode() + tail
+
+        return encode
+
+    vocab = getattr(getattr(llm, "_model", None), "vocab", None)
 
     async def serve(request: Request, schema: type, fn: Callable[..., Any], default_max_tokens: int):
         req = validate_request(schema, parse_json(await request.body()), limits)
-        kwargs = req.to_kwargs(default_max_tokens)
-        if req.grammar is not None:  # bounded by check_gbnf in the schema; llama.cpp parses it at generate()
-            from llama_cpp import LlamaGrammar
-
-            kwargs["grammar"] = LlamaGrammar.from_string(req.grammar, verbose=False)
+        prepared = prepare(req, req.to_kwargs(default_max_tokens), vocab)
+        kwargs = prepared.kwargs
         use = runner
         if batched is not None and batchable(kwargs) is None:
             use = batched
@@ -307,12 +330,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             if await request.is_disconnected():  # gone while waiting in the queue: nothing to do
                 return Response(status_code=499)
             if req.stream:
-                first = await use.start_stream(job, fn, kwargs)
+                first = await use.start_stream(job, fn, kwargs, prepared.post)
                 handed_over = True
-                return EventStream(use, job, first, encode_chunk, metrics.error, send_timeout)
+                return EventStream(use, job, first, encoder(req.include_usage), metrics.error, send_timeout)
             watcher = asyncio.create_task(_wait_disconnect(request.receive, job))
             try:
-                result = await use.call(job, fn, kwargs)
+                result = await use.call(job, fn, kwargs, prepared.post)
             finally:
                 watcher.cancel()
         except Exception as exc:
@@ -324,8 +347,10 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
         finally:
             if not handed_over:
                 use.release(job)
-        metrics.record(result.get("speculative", {}))
+        spec = result.get("speculative", {})
+        metrics.record(spec)
         result["model"] = model_id
+        result["timings"] = timings(spec)
         return _json_response(result)
 
     @app.post("/v1/completions")
@@ -345,6 +370,33 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    n_slots = batched.engine.n_seq if batched is not None else 1
+    slot_ctx = int(batched.engine.n_ctx_seq) if batched is not None else int(llm.n_ctx())
+    speculative = algorithm != "ordinary"
+
+    @app.get("/props")
+    async def props():
+        """llama-server's /props, the parts this server can answer truthfully."""
+        return {
+            "default_generation_settings": {"n_ctx": slot_ctx, "speculative": speculative,
+                                            "max_tokens_cap": max_tokens_cap},
+            "total_slots": n_slots, "model_alias": model_id, "model_path": str(getattr(llm, "model_path", "")),
+            "chat_template": (getattr(llm, "metadata", None) or {}).get("tokenizer.chat_template"),
+            "chat_format": getattr(llm, "chat_format", None),
+            "modalities": {"vision": False, "audio": False},
+            "speculative": {"algorithm": algorithm}, "build_info": _build_info(),
+        }
+
+    @app.get("/slots")
+    async def slots():
+        """llama-server's /slots: one entry per slot, and whether a request holds it now."""
+        if batched is not None:
+            busy = set(batched.engine.busy_slots())
+        else:
+            busy = {0} if runner.admitted > 0 else set()
+        return [{"id": i, "n_ctx": slot_ctx, "speculative": speculative, "is_processing": i in busy}
+                for i in range(n_slots)]
 
     @app.get("/metrics")
     async def prom():

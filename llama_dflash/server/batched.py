@@ -31,7 +31,7 @@ import numpy as np
 from ..batched import BatchedEngine
 from ..sampling import SamplingParams
 from .errors import APIError
-from .runner import Job
+from .runner import Job, _after
 
 __all__ = ["BatchedRunner", "RequestView", "batchable"]
 
@@ -205,23 +205,25 @@ class BatchedRunner:
         name = getattr(fn, "__name__", "")
         return view.create_chat_completion if "chat" in name else view.create_completion
 
-    async def call(self, job: Job, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    async def call(self, job: Job, fn: Callable[..., Any], kwargs: dict[str, Any],
+                   post: Optional[Callable[[Any], Any]] = None) -> Any:
         view = self._view(job, kwargs)
         entry = self._entry(view, fn)
 
         def run() -> Any:
-            result = entry(**kwargs)
+            result = _after(post, entry(**kwargs))
             result["speculative"] = _stats(view)
             return result
 
         return await self._on_worker(job, run)
 
-    async def start_stream(self, job: Job, fn: Callable[..., Iterator[Any]], kwargs: dict[str, Any]) -> Any:
+    async def start_stream(self, job: Job, fn: Callable[..., Iterator[Any]], kwargs: dict[str, Any],
+                           post: Optional[Callable[[Any], Any]] = None) -> Any:
         view = self._view(job, kwargs)
         entry = self._entry(view, fn)
 
         def first() -> Any:
-            job.chunks = _with_stats(iter(entry(**kwargs)), view)
+            job.chunks = _with_stats(iter(_after(post, entry(**kwargs))), view)
             return next(job.chunks, None)
 
         return await self._on_worker(job, first)
@@ -250,6 +252,9 @@ def _stats(view: RequestView) -> dict[str, Any]:
     # the tokens the reply used (a step may have sampled more before the request was done with it)
     used = len(view._seen) - len(seq.prompt)
     out["generated_tokens"] = used
+    last = view._seen[-1] if used > 0 else None
+    out["completion_tokens"] = used - int(last is not None and bool(
+        llama_cpp.llama_vocab_is_eog(view._llm._model.vocab, last)))
     out["tokens_per_second"] = used / out["total_seconds"] if out["total_seconds"] > 0 else 0.0
     return out
 

@@ -173,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
                          "draft-dspark, lookup,draft-dflash or ngram-simple, or serve auto with --parallel 1")
     threads = args.n_threads or physical_cores()
     return_large_frees_to_os()  # the process is the server's: its prompt cache must not fragment the heap
+    # batches (prompts, verification) on as many threads as single tokens, as the batched engine and the
+    # draft do (llama-cpp-python's n_threads_batch default is every CPU, whatever --n-threads says)
     llm = Llama(model, speculative=spec, logits_all=True, n_ctx=args.n_ctx, n_batch=args.n_batch, n_ubatch=args.n_batch,
-                n_threads=threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=args.n_gpu_layers, chat_format=args.chat_format,
                 flash_attn=args.flash_attn == "on",
                 verbose=args.verbose)
     loopback = args.host in LOOPBACK

@@ -73,6 +73,10 @@ def _watched(tokens: Iterator[int], job: Optional[Job]) -> Iterator[int]:
             close()
 
 
+def _after(post: Optional[Callable[[Any], Any]], result: Any) -> Any:
+    return result if post is None else post(result)
+
+
 class ModelRunner:
     """Runs requests against `llm` (a `llama_dflash.highlevel.Llama` or anything with its methods)."""
 
@@ -96,6 +100,11 @@ class ModelRunner:
             return _watched(original(*args, **kwargs), getattr(_serving, "job", None))
 
         llm.generate = generate  # instance attribute: llama-cpp-python calls self.generate
+
+    @property
+    def admitted(self) -> int:
+        """Requests waiting for the model or running on it."""
+        return self._admitted
 
     # ---- taking and giving back the model ---------------------------------------------------------
     async def acquire(self, generate_nothing: bool = False) -> Job:
@@ -168,15 +177,18 @@ class ModelRunner:
             raise APIError(503, "the server is shutting down", code="shutting_down") from None
         return await asyncio.wrap_future(future)
 
-    async def call(self, job: Job, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        """`fn(**kwargs)` (a non-streamed completion) on the model thread."""
-        return await self._on_model(job, lambda: fn(**kwargs))
+    async def call(self, job: Job, fn: Callable[..., Any], kwargs: dict[str, Any],
+                   post: Optional[Callable[[Any], Any]] = None) -> Any:
+        """`fn(**kwargs)` (a non-streamed completion) on the model thread, rewritten by `post`."""
+        return await self._on_model(job, lambda: _after(post, fn(**kwargs)))
 
-    async def start_stream(self, job: Job, fn: Callable[..., Iterator[Any]], kwargs: dict[str, Any]) -> Any:
-        """Start the stream `fn(**kwargs)` and return its first chunk (None if it has none): errors
-        in the prompt or the parameters surface here, before any byte is sent."""
+    async def start_stream(self, job: Job, fn: Callable[..., Iterator[Any]], kwargs: dict[str, Any],
+                           post: Optional[Callable[[Any], Any]] = None) -> Any:
+        """Start the stream `fn(**kwargs)` (its chunks rewritten by `post`) and return its first
+        chunk (None if it has none): errors in the prompt or the parameters surface here, before
+        any byte is sent."""
         def first() -> Any:
-            job.chunks = iter(fn(**kwargs))
+            job.chunks = iter(_after(post, fn(**kwargs)))
             return next(job.chunks, None)
 
         return await self._on_model(job, first)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import APIError
 
@@ -30,8 +30,11 @@ MAX_TOP_K = 1 << 20
 MAX_TEXT = 1 << 20  # characters in one string field (the body limit bounds it anyway)
 
 #: OpenAI fields this server does not implement: named in the 400 rather than silently ignored
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "stream_options",
-               "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")
+UNSUPPORTED = ("functions", "function_call", "audio", "modalities", "prediction", "reasoning_effort",
+               "web_search_options")
+_INSTEAD = {"functions": " (use 'tools')", "function_call": " (use 'tool_choice')"}
+#: OpenAI's pattern for function and schema names
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,50 @@ def _within_cap(v: Optional[int], info: ValidationInfo) -> Optional[int]:
 Unit = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 StopText = Annotated[str, Field(min_length=1, max_length=1024)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    include_obfuscation: Optional[bool] = None  # accepted, nothing to do: no obfuscation padding is sent
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: Optional[Name] = None  # OpenAI requires it; llama-server does not
+    description: Optional[str] = Field(None, max_length=MAX_TEXT)
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's text / json_object / json_schema (and llama-server's json_object with a `schema`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f"'json_schema' goes with type 'json_schema', not {self.type!r}")
+        if self.type == "text" and self.schema_ is not None:
+            raise ValueError("a 'schema' needs type 'json_object' or 'json_schema'")
+        return self
+
+    def schema_and_strict(self) -> tuple[Optional[dict[str, Any]], bool]:
+        """The schema the answer must follow (None: any JSON object) and whether it is strict."""
+        if self.json_schema is not None:
+            return self.json_schema.schema_, bool(self.json_schema.strict)
+        return self.schema_, False
+
+    def as_dict(self) -> dict[str, Any]:
+        schema, _ = self.schema_and_strict()
+        return {"type": self.type, "schema": schema}
 
 
 class _Common(BaseModel):
@@ -129,7 +176,8 @@ class _Common(BaseModel):
     logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]]] = None
     grammar: Optional[str] = Field(None, min_length=1)
     n: Optional[int] = None
-    response_format: Optional[dict[str, Any]] = None
+    response_format: Optional[ResponseFormat] = None
+    stream_options: Optional[StreamOptions] = None
 
     @field_validator("n")
     @classmethod
@@ -138,12 +186,27 @@ class _Common(BaseModel):
             raise ValueError("only n=1 is supported")
         return v
 
-    @field_validator("response_format")
+    @field_validator("stream_options")
     @classmethod
-    def _text_only(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        if v is not None and v != {"type": "text"}:
-            raise ValueError("only {'type': 'text'} is supported (use 'grammar' to constrain the output)")
+    def _only_streams(cls, v: Optional[StreamOptions], info: ValidationInfo) -> Optional[StreamOptions]:
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("only allowed with stream: true")
         return v
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "_Common":
+        if self.grammar is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("give 'grammar' or a JSON 'response_format', not both")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options is not None and self.stream_options.include_usage)
+
+    def json_format(self) -> Optional[ResponseFormat]:
+        """The JSON response_format (None for none or text)."""
+        rf = self.response_format
+        return rf if rf is not None and rf.type != "text" else None
 
     @field_validator("logit_bias")
     @classmethod
@@ -237,19 +300,98 @@ class TextPart(BaseModel):
     text: str = Field(max_length=MAX_TEXT)
 
 
+Content = Union[Annotated[str, Field(max_length=MAX_TEXT)], Annotated[list[TextPart], Field(min_length=1)]]
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    arguments: str = Field(max_length=MAX_TEXT)
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (as the answer gave it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: Union[Annotated[str, Field(max_length=MAX_TEXT)], Annotated[list[TextPart], Field(min_length=1)]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    tool_calls: Optional[Annotated[list[ToolCall], Field(max_length=MAX_MESSAGES)]] = None
+    tool_call_id: Optional[str] = Field(None, max_length=256)
+    content: Optional[Content] = Field(None, validate_default=True)
     name: Optional[str] = Field(None, max_length=256)
+    # what clients echo back from an answer's message; carried nothing here
+    refusal: Optional[str] = Field(None, max_length=MAX_TEXT)
+    function_call: None = None
+    audio: None = None
+    annotations: Optional[Annotated[list[Any], Field(max_length=0)]] = None
+
+    @model_validator(mode="after")
+    def _fits_role(self) -> "Message":
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("only tool messages carry tool_call_id")
+        return self
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistant_calls(cls, v: Optional[list[ToolCall]], info: ValidationInfo) -> Optional[list[ToolCall]]:
+        if v is not None and info.data.get("role") != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _content_needed(cls, v: Optional[Any], info: ValidationInfo) -> Optional[Any]:
+        if "role" not in info.data or "tool_calls" not in info.data:
+            return v  # those failed validation: their error says more
+        if v is None and not (info.data["role"] == "assistant" and info.data["tool_calls"]):
+            raise ValueError("is required (it may be null only in an assistant message with tool_calls)")
+        return v
 
     def as_dict(self) -> dict[str, Any]:
         """What llama-cpp-python's chat templates read: text parts joined into one string."""
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
         out: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Name
+    description: Optional[str] = Field(None, max_length=MAX_TEXT)
+    parameters: Optional[dict[str, Any]] = None  # a JSON Schema (checked when the request is planned)
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class ChatRequest(_Common):
@@ -257,6 +399,9 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[int] = Field(None, ge=0)  # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[Annotated[list[Tool], Field(max_length=MAX_MESSAGES)]] = None
+    tool_choice: Union[None, Literal["none", "auto", "required"], NamedToolChoice] = None
+    parallel_tool_calls: Optional[bool] = None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -300,7 +445,7 @@ def validate_request(model: type[_Common], body: dict[str, Any], limits: Limits)
     """`model` validated from the parsed body; APIError(400) naming the first offending field."""
     for name in UNSUPPORTED:
         if name in body:
-            raise APIError(400, f"'{name}' is not supported by this server", param=name,
+            raise APIError(400, f"'{name}' is not supported by this server{_INSTEAD.get(name, '')}", param=name,
                            code="unsupported_parameter")
     try:
         return model.model_validate(body, context={"limits": limits})

@@ -72,6 +72,24 @@ def _assert_still_fine(client, expected):
     assert r.json()["choices"][0]["text"] == expected
 
 
+def _tool(name, parameters):
+    fn = {"name": name} if parameters is None else {"name": name, "parameters": parameters}
+    return {"type": "function", "function": fn}
+
+
+#: JSON Schemas (valid or not) that no grammar can express here
+UNGRAMMATICAL = [
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "a+"}}},  # unanchored
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 10**9},
+    {"type": "wat"},
+    {"$ref": "#/$defs/missing"},
+    {"$ref": "https://example.com/schema.json"},  # never fetched
+    {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},  # left recursion: llama.cpp's parser refuses it
+    {"type": "object", "properties": {"a": True}},
+    {"enum": [f"value-{i:05d}" for i in range(3600)]},  # a grammar longer than the limit
+]
+
+
 COMPLETION_BODIES = [
     # item 1: non-finite or out-of-range penalties with a grammar (NaN logits killed the process)
     ('{"prompt": "the", "max_tokens": 8, "grammar": %s, "presence_penalty": NaN}' % json.dumps(GBNF), None),
@@ -124,7 +142,8 @@ COMPLETION_BODIES = [
     # item 4: unsupported OpenAI fields and unknown fields are named, not ignored
     ({"prompt": "the", "n": 2}, "n"),
     ({"prompt": "the", "best_of": 3}, "best_of"),
-    ({"prompt": "the", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "the", "response_format": {"type": "json_schema"}}, "response_format"),
+    ({"prompt": "the", "response_format": {"type": "xml"}}, "response_format"),
     ({"prompt": "the", "tools": []}, "tools"),
     ({"prompt": "the", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "the", "mirostat_mode": 2}, "mirostat_mode"),
@@ -166,6 +185,37 @@ CHAT_BODIES = [
     ({"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
     ({"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MSG, "functions": []}, "functions"),
+    # issue 42 item 6: schemas that cannot become a grammar, tools that are not JSON Schema, unknown
+    # tool choices -- each a 400 naming the field, the server answering identically afterwards
+    *[({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+       "response_format") for schema in UNGRAMMATICAL],
+    ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": {"type": "integer", "minimum": 1}}}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_object", "schema": {"type": "wat"}}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_object"}, "grammar": GBNF}, None),
+    ({"messages": MSG, "tools": [_tool("f", {"type": "object", "properties": {"a": {"type": "wat"}}})]},
+     "tools.0.function.parameters"),
+    ({"messages": MSG, "tools": [_tool("f", {"type": "object", "required": "a"})]}, "tools.0.function.parameters"),
+    ({"messages": MSG, "tools": [_tool("f", {"type": "string", "pattern": "a+"})]}, "tools"),
+    ({"messages": MSG, "tools": [_tool("f", {"type": "object", "properties": {"a": {"type": "string",
+                                                                                     "maxLength": 10**12}}})]},
+     "tools.0.function.parameters"),
+    ({"messages": MSG, "tools": [_tool("f b", None)]}, "tools.0.function.name"),
+    ({"messages": MSG, "tools": [_tool("f", None), _tool("f", None)]}, "tools.1.function.name"),
+    ({"messages": MSG, "tools": [_tool("f", None)], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"messages": MSG, "tools": [_tool("f", None)], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"messages": MSG, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": MSG, "tools": [_tool("f", None)], "grammar": GBNF}, "grammar"),
+    ({"messages": MSG, "tools": [_tool("f", None)], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages.0"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                          "function": {"name": "f"}}]}]},
+     "messages.0.tool_calls.0.function.arguments"),
+    ({"messages": MSG, "stream": True, "stream_options": {"include_usage": True, "shout": 1}},
+     "stream_options.shout"),
+    ({"messages": MSG, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     ({"messages": MSG, "n": 3}, "n"),
     ({"messages": MSG, "max_tokens": 4, "max_completion_tokens": 4}, "max_completion_tokens"),
     ({"messages": MSG, "max_completion_tokens": CAP + 1}, "max_completion_tokens"),
