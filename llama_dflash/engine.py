@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Optional, Sequence
 
 from . import _bindings as ext
-from ._llama import Model, set_verbose
+from ._llama import Model, close_at_exit, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
@@ -115,6 +115,7 @@ class OrdinaryDecoding(_Decoder):
     """Plain decoding of the target, with the same prefill and sampler as the speculative engine."""
 
     def __init__(self, target: TargetConfig, *, model: Optional[Model] = None):
+        close_at_exit(self)
         set_verbose(target.verbose)
         self.target_info: GGUFInfo = check_gguf_file(target.model)
         self._model, self._owns_model = _load_target_model(target, model)
@@ -161,6 +162,7 @@ class LlamaDFlashDecoding(_Decoder):
     """
 
     def __init__(self, target: TargetConfig, spec: SpecConfig, *, model: Optional[Model] = None):
+        close_at_exit(self)
         set_verbose(target.verbose)
         ext.check_symbols()
         self.spec = spec
