@@ -9,7 +9,7 @@ from ._llama import Model, close_at_exit, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
-from .inspect import DraftInfo, GGUFInfo, check_gguf_file, read_draft, validate_pair, validate_target
+from .inspect import DraftInfo, GGUFInfo, check_target_file, read_draft, validate_pair
 from .proposers import DFlashProposer, Proposer
 from .proposers.auto import AutoProposer
 from .proposers.chain import ChainProposer
@@ -117,7 +117,7 @@ class OrdinaryDecoding(_Decoder):
     def __init__(self, target: TargetConfig, *, model: Optional[Model] = None):
         close_at_exit(self)
         set_verbose(target.verbose)
-        self.target_info: GGUFInfo = check_gguf_file(target.model)
+        self.target_info: GGUFInfo = check_target_file(target.model)
         self._model, self._owns_model = _load_target_model(target, model)
         self.target = TargetContext(self._model, target)
         self._cut_allowed = not is_recurrent_model(self._model)
@@ -166,8 +166,9 @@ class LlamaDFlashDecoding(_Decoder):
         set_verbose(target.verbose)
         ext.check_symbols()
         self.spec = spec
-        self.target_info: GGUFInfo = check_gguf_file(target.model)
-        validate_target(self.target_info)
+        # any architecture llama.cpp runs: only a draft model reading layer inputs needs more
+        # (validate_pair checks the target for it)
+        self.target_info: GGUFInfo = check_target_file(target.model)
         self.draft_info: Optional[DraftInfo] = None
         if spec.uses_draft_model:
             self.draft_info = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)

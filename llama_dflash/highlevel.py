@@ -50,7 +50,7 @@ from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
-from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
+from .inspect import check_gguf_file, check_target, read_draft, validate_pair
 from .proposers import DFlashProposer
 from .proposers.factory import build_proposer, draft_type_name
 from .rewind import is_recurrent_model, make_rewinder
@@ -218,7 +218,7 @@ class Llama(llama_cpp.Llama):
             if target_info is None:
                 raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
-            validate_target(target_info)
+            check_target(target_info)  # any architecture: layer inputs only for a draft model (validate_pair)
             self._draft_info = None
             if speculative.uses_draft_model:
                 self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model),
