@@ -324,6 +324,12 @@ class Llama(llama_cpp.Llama):
     def speculator(self) -> Optional[Speculator]:
         return self._speculator
 
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Free the draft (it references the target context), then what llama_cpp.Llama owns."""
         spec, self._speculator = getattr(self, "_speculator", None), None
