@@ -7,8 +7,9 @@ objects wrapping them, so closing a parent frees its dependents first whatever o
 collector finalises the wrappers of a reference cycle in.
 
 Every handle created here is registered in a weak set, and every engine that owns handles in
-`close_at_exit`; an `atexit` hook closes the engines, then whatever handle is still open, before
-the interpreter tears down ctypes, so exiting without `close()` is safe.
+`close_at_exit`; an `atexit` hook closes whatever handle is still open, then the engines (what
+they hold beyond our handles: llama_cpp.Llama's model and context), before the interpreter tears
+down ctypes, so exiting without `close()` is safe.
 """
 
 from __future__ import annotations
@@ -81,21 +82,25 @@ def ensure_backend() -> None:
 
 def close_at_exit(obj: Any) -> None:
     """Close `obj` (anything with `close()`, weakly referenced) at interpreter exit if it is still
-    alive then: engines free their handles in their own order, before shutdown tears modules down."""
+    alive then, after every open handle: what it holds beyond them (llama-cpp-python's objects) is
+    freed before shutdown tears modules down."""
     _engines.add(obj)
 
 
 @atexit.register
 def _close_all_at_exit() -> None:
-    for engine in list(_engines):
-        try:
-            engine.close()
-        except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
-            pass
-    # contexts before models (a parent's close frees its dependents first anyway)
+    # our handles first, contexts before models (a parent's close frees its dependents first
+    # anyway): a context of ours on a borrowed model (the server's batched engine on a Llama's) goes
+    # before the engine that owns that model frees it
     for handle in sorted(list(_open), key=lambda h: h.close_order):
         try:
             handle.close()
+        except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
+            pass
+    # then what the engines hold beyond our handles (llama_cpp.Llama's model and context)
+    for engine in list(_engines):
+        try:
+            engine.close()
         except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
             pass
     # the Python log callback dies with the interpreter; hand logging back to C

@@ -17,7 +17,9 @@ Every case runs under `FreeAudit`: a handle freed twice or before its dependents
 process with exit code 3 and a message, whether or not that use-after-free would crash.
 
 CASE is ``API:TARGET:SPEC[:lora]``: API ``llama`` (llama_dflash.Llama), ``engine``
-(LlamaDFlashDecoding) or ``ordinary`` (OrdinaryDecoding); TARGET a fixture name (``llama``,
+(LlamaDFlashDecoding), ``ordinary`` (OrdinaryDecoding) or, in ``alive`` mode only, ``served`` (a
+Llama and a BatchedEngine on a view of its model, as `serve --parallel N` builds them; the view
+has no owner to close it first, so dropping them in a cycle is left out); TARGET a fixture name (``llama``,
 ``qwen3next``); SPEC ``none``, ``draft``, ``ngram`` (a chain of n-gram types), ``chain`` (an n-gram
 type and the draft), ``lookup``, ``auto`` or ``auto-draft``.  Prints ``ok CASE`` after each case.
 """
@@ -57,12 +59,33 @@ def _spec(fixtures: str, target: str, name: str):
     return SpecConfig(**kw)
 
 
+class Served:
+    """A Llama and a BatchedEngine on a borrowed view of its model (server.cli.batched_engine)."""
+
+    def __init__(self, path: str, spec: Any, **kwargs: Any):
+        from llama_dflash import Llama
+        from llama_dflash._llama import Model
+        from llama_dflash.batched import BatchedEngine
+
+        self.llm = Llama(path, speculative=spec, **kwargs)
+        model = Model.borrow(self.llm._model.model, self.llm.model_path, False,
+                             n_gpu_layers=int(self.llm.model_params.n_gpu_layers))
+        self.engine = BatchedEngine(model, n_seq=2, n_ctx_seq=128, n_batch=64, n_threads=1,
+                                    n_gpu_layers=N_GPU_LAYERS)
+
+    def use(self) -> None:
+        self.llm.create_completion(PROMPT, max_tokens=12, temperature=0)
+        self.engine.generate([self.llm.tokenize(PROMPT.encode())], max_tokens=8)
+
+
 def build(fixtures: str, case: str, *, aged: bool) -> Any:
     """The instance a case names; `aged`: allocated, moved to an older GC generation, then
     initialised (what its __init__ creates stays younger and is finalised first)."""
     api, target, spec_name, *rest = case.split(":")
     path = os.path.join(fixtures, f"{target}.gguf")
     spec = _spec(fixtures, target, spec_name)
+    if api == "served":
+        return Served(path, spec, **dict(KW, n_gpu_layers=N_GPU_LAYERS))
     if api == "llama":
         from llama_dflash import Llama
 
@@ -90,6 +113,9 @@ def use(obj: Any, *, leave_open: bool = False) -> Optional[Any]:
     """Generate a few greedy tokens; `leave_open`: also return a stream left unfinished."""
     from llama_dflash import Llama
 
+    if isinstance(obj, Served):
+        obj.use()
+        return None
     if isinstance(obj, Llama):
         obj.create_completion(PROMPT, max_tokens=12, temperature=0)
         if leave_open:
