@@ -25,10 +25,13 @@ _CHUNKS = ("alpha", "bravo", "charl", "delta", "echoo", "foxtr", "golfo", "hotel
 
 
 def binary(name: str) -> Optional[str]:
-    """A llama.cpp reference binary built by bench/build_cpp_reference.sh (LLAMA_CPP_BIN: its folder)."""
-    folder = os.environ.get("LLAMA_CPP_BIN") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-cpp-reference", "build", "bin")
-    path = os.path.join(folder, name)
+    """A llama.cpp reference binary built by bench/build_cpp_reference.sh (LLAMA_CPP_BIN: its folder;
+    LLAMA_SPECULATIVE_SIMPLE: the driver itself, as tests/proposers/test_cpp_parity.py reads it)."""
+    path = os.environ.get("LLAMA_SPECULATIVE_SIMPLE") if name == "llama-speculative-simple" else None
+    if not path:
+        folder = os.environ.get("LLAMA_CPP_BIN") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-cpp-reference", "build", "bin")
+        path = os.path.join(folder, name)
     return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
