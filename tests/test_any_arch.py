@@ -12,7 +12,6 @@ written by llama.cpp's `test-llama-archs` (tests/arch_targets.py); gemma-3-270m 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
