@@ -29,12 +29,11 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 from llama_dflash import LlamaDFlashDecoding, OrdinaryDecoding, SpecConfig, TargetConfig
 from llama_dflash._llama import Model, cpu_has_amx
-from llama_dflash.bench.cpp_reference import cpp_spec_type, run_cpp_reference
+from llama_dflash.bench.cpp_reference import IncompleteOutput, cpp_spec_type, run_cpp_reference, run_driver
 from llama_dflash.defaults import default_draft_path, smollm2_path
 from llama_dflash.writer import write_random_draft, write_tiny_target
 
@@ -109,18 +108,16 @@ def cpp_phases(binary: str, model: str, draft: str, prompt: str, n: int, k: int,
            "-ngld", "99", "-t", str(threads), "-td", str(threads), "--ignore-eos", "-lv", "4"]
     if not repack:
         cmd.append("--no-repack")
-    for attempt in range(3):  # its asynchronous log may lose the summary at exit: run it again
-        # into a file, not a pipe: through a pipe its log lost the summary lines at exit every time
-        with tempfile.TemporaryFile() as fh:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=1800)
-            fh.seek(0)
-            text = fh.read().decode("utf-8", errors="replace")
-        dec, enc, calls, dur = (r.search(text) for r in (_CPP_DECODED, _CPP_ENCODED, _CPP_CALLS, _CPP_DUR))
-        if proc.returncode == 0 and dec and enc and calls and dur:
-            break
-    else:
-        raise ValueError(f"llama-speculative-simple -lv 4 (exit {proc.returncode}) printed no decode/draft timings: "
-                         + " | ".join(text.strip().splitlines()[-3:]))
+
+    def timings(text: str):
+        found = [r.search(text) for r in (_CPP_DECODED, _CPP_ENCODED, _CPP_CALLS, _CPP_DUR)]
+        if not all(found):
+            raise IncompleteOutput("llama-speculative-simple -lv 4 printed no decode/draft timings: "
+                                   + " | ".join(text.strip().splitlines()[-3:]))
+        return text, found
+
+    # run_driver: into a file, again while its asynchronous log loses the lines needed
+    text, (dec, enc, calls, dur) = run_driver(cmd, timings)
     perf = {name: float(ms) for name, ms in _CPP_PERF.findall(text)}
     steps = max(1, int(calls.group(2)))
     decode_ms = 1e3 * float(dec.group(2))
@@ -136,18 +133,6 @@ def print_phases(title: str, names: tuple[str, ...], runs: list[dict[str, float]
     total = sum(med(r[k] for r in runs) for k in names)
     cells = "  ".join(f"{k} {med(r[k] for r in runs):7.1f}" for k in names)
     print(f"{title:5s} us/step (median of {len(runs)}, {med(steps):.0f} steps): {cells}  | total {total:7.1f}")
-
-
-def cpp_reference(*args, attempts: int = 6, **kwargs):
-    """run_cpp_reference, tried again when the driver's output lacks its summary: with -lv 5 its
-    asynchronous log sometimes loses the tail of a run at exit (seen on a loaded 2-core machine)."""
-    for attempt in range(attempts):
-        try:
-            return run_cpp_reference(*args, **kwargs)
-        except ValueError as e:
-            if "no 'decoded" not in str(e) or attempt == attempts - 1:
-                raise
-            print(f"llama-speculative-simple: {e}; running it again", file=sys.stderr)
 
 
 def write_micro_pair(folder: str) -> tuple[str, str]:
@@ -197,9 +182,9 @@ def main() -> int:
                 cpp_tg.append(llama_bench_tg(os.path.join(a.bin, "llama-bench"), model, a.tokens, a.threads))
             res = s.generate(prompt, a.tokens, ignore_eos=True)
             ours_spec.append(decode_rate(res))
-            c = cpp_reference(os.path.join(a.bin, "llama-speculative-simple"), model, draft, PROMPT,
-                              n_predict=a.tokens, draft_n_max=a.draft_tokens, draft_p_min=0.0, n_ctx=1024,
-                              n_batch=512, n_ubatch=512, threads=a.threads, repack=m.repack, ignore_eos=True)
+            c = run_cpp_reference(os.path.join(a.bin, "llama-speculative-simple"), model, draft, PROMPT,
+                                  n_predict=a.tokens, draft_n_max=a.draft_tokens, draft_p_min=0.0, n_ctx=1024,
+                                  n_batch=512, n_ubatch=512, threads=a.threads, repack=m.repack, ignore_eos=True)
             cpp_spec.append(c.tokens_per_second)
             ordinary = "" if a.no_ordinary else f"ordinary {ours_ord[-1]:.2f} vs llama-bench {cpp_tg[-1]:.2f}; "
             print(f"round {r + 1}: {ordinary}"

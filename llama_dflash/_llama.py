@@ -1,7 +1,15 @@
 """Owners of llama.cpp handles: one Python object per C handle, idempotent `close()`.
 
-Every handle created here is registered in a weak set; an `atexit` hook closes whatever is
-still open before the interpreter tears down ctypes, so exiting without `close()` is safe.
+A handle's pointer and the function that frees it sit in a `_Cell` that knows the cells which
+must be freed before it (a context before its model, a draft context before the target context
+it reads through ctx_other, a batch before its context).  Cells hold no reference to the Python
+objects wrapping them, so closing a parent frees its dependents first whatever order the garbage
+collector finalises the wrappers of a reference cycle in.
+
+Every handle created here is registered in a weak set, and every engine that owns handles in
+`close_at_exit`; an `atexit` hook closes whatever handle is still open, then the engines (what
+they hold beyond our handles: llama_cpp.Llama's model and context), before the interpreter tears
+down ctypes, so exiting without `close()` is safe.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import llama_cpp
 from llama_cpp import llama_cpp as ll
@@ -29,6 +37,7 @@ _backend_ready = False
 _verbose = False
 _messages: deque[tuple[int, str]] = deque(maxlen=200)
 _open: "weakref.WeakSet[_Handle]" = weakref.WeakSet()
+_engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 _LEVEL_WARN = 3  # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
 _LEVEL_ERROR = 4
@@ -71,12 +80,27 @@ def ensure_backend() -> None:
             _backend_ready = True
 
 
+def close_at_exit(obj: Any) -> None:
+    """Close `obj` (anything with `close()`, weakly referenced) at interpreter exit if it is still
+    alive then, after every open handle: what it holds beyond them (llama-cpp-python's objects) is
+    freed before shutdown tears modules down."""
+    _engines.add(obj)
+
+
 @atexit.register
 def _close_all_at_exit() -> None:
-    # contexts before models: a context references its model
+    # our handles first, contexts before models (a parent's close frees its dependents first
+    # anyway): a context of ours on a borrowed model (the server's batched engine on a Llama's) goes
+    # before the engine that owns that model frees it
     for handle in sorted(list(_open), key=lambda h: h.close_order):
         try:
             handle.close()
+        except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
+            pass
+    # then what the engines hold beyond our handles (llama_cpp.Llama's model and context)
+    for engine in list(_engines):
+        try:
+            engine.close()
         except Exception:  # noqa: BLE001 - never raise during interpreter shutdown
             pass
     # the Python log callback dies with the interpreter; hand logging back to C
@@ -86,31 +110,86 @@ def _close_all_at_exit() -> None:
         pass
 
 
+class _Cell:
+    """One C handle: its address, the C function that frees it (None: borrowed, someone else
+    frees it), hooks to run just before, and the cells to free first.
+
+    No reference to the wrapping Python object: a parent can free its dependents even while the
+    garbage collector finalises their wrappers, parents first."""
+
+    __slots__ = ("ptr", "free", "hooks", "dependents")
+
+    def __init__(self) -> None:
+        self.ptr: Optional[int] = None
+        self.free: Optional[Callable[[int], Any]] = None
+        self.hooks: list[Callable[[], None]] = []
+        self.dependents: list[_Cell] = []
+
+    def add_dependent(self, cell: "_Cell") -> None:
+        if self.ptr is None:
+            raise RuntimeError("cannot depend on a closed handle")
+        self.dependents = [c for c in self.dependents if c.ptr is not None]
+        self.dependents.append(cell)
+
+    def close(self) -> None:
+        """Free the dependents (newest first), run the hooks, free the handle; once."""
+        if self.ptr is None:
+            return
+        deps, self.dependents = self.dependents, []
+        hooks, self.hooks = self.hooks, []
+        ptr, free = self.ptr, self.free
+        try:
+            for cell in reversed(deps):
+                cell.close()
+            for fn in reversed(hooks):
+                fn()
+        finally:
+            self.ptr = None
+            if free is not None:
+                free(ptr)
+
+
 class _Handle:
     close_order = 0
 
     def __init__(self) -> None:
-        self._ptr: Optional[int] = None
-        self._owned = True  # False: someone else frees the handle (see `borrow`)
+        self._cell = _Cell()
         _open.add(self)
+
+    def _own(self, ptr: int, free: Optional[Callable[[int], Any]]) -> None:
+        """Take `ptr`, freed by `free` on close (None: a borrowed handle, never freed here)."""
+        self._cell.ptr = ptr
+        self._cell.free = free
+
+    @property
+    def _ptr(self) -> Optional[int]:
+        return self._cell.ptr
 
     @property
     def ptr(self) -> int:
-        if self._ptr is None:
+        ptr = self._cell.ptr
+        if ptr is None:
             raise RuntimeError(f"{type(self).__name__} is closed")
-        return self._ptr
+        return ptr
 
     @property
     def closed(self) -> bool:
-        return self._ptr is None
+        return self._cell.ptr is None
 
-    def _free(self, ptr: int) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def depend_on(self, parent: "_Handle") -> None:
+        """Closing `parent` (by whatever path) closes this handle first."""
+        parent._cell.add_dependent(self._cell)
+
+    def close_with(self, owner: Any) -> None:
+        """Close this handle (a view of `owner`'s pointer) just before `owner` frees it --
+        `owner` a llama-cpp-python object (LlamaModel, LlamaContext) whose `close()` runs its
+        `_exit_stack`, as it runs by its own `__del__` when the collector finalises it."""
+        stack = getattr(owner, "_exit_stack", None)
+        if stack is not None:
+            stack.callback(self._cell.close)
 
     def close(self) -> None:
-        ptr, self._ptr = self._ptr, None
-        if ptr is not None and self._owned:
-            self._free(ptr)
+        self._cell.close()
         _open.discard(self)
 
     def __enter__(self):
@@ -220,15 +299,20 @@ class Model(_Handle):
         ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")
+        self._own(ptr, ll.llama_model_free)
         self._adopt(ptr, path)
 
     @classmethod
     def borrow(cls, ptr: int, path: str, repack: bool, n_gpu_layers: int = -1,
-               placement: Optional[Placement] = None, load_mtp: bool = False) -> "Model":
-        """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's)."""
+               placement: Optional[Placement] = None, owner: Any = None, load_mtp: bool = False) -> "Model":
+        """A view of a model someone else loaded and frees (e.g. a llama_cpp.Llama's); `owner`,
+        the llama-cpp-python object that frees it, closes the view (and what depends on it) first.
+        `load_mtp`: whether it was loaded with its MTP layers."""
         self = cls.__new__(cls)
         _Handle.__init__(self)
-        self._owned = False
+        self._own(ptr, None)
+        if owner is not None:
+            self.close_with(owner)
         self.repack = bool(repack)
         self.load_mtp = bool(load_mtp)
         self.n_gpu_layers = int(n_gpu_layers)
@@ -237,7 +321,6 @@ class Model(_Handle):
         return self
 
     def _adopt(self, ptr: int, path: str) -> None:
-        self._ptr = ptr
         self.path = path
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
@@ -245,9 +328,6 @@ class Model(_Handle):
         self.n_layer = int(ll.llama_model_n_layer(ptr))
         self.n_layer_nextn = int(ll.llama_model_n_layer_nextn(ptr))
         self._eog: Optional[tuple[int, ...]] = None
-
-    def _free(self, ptr: int) -> None:
-        ll.llama_model_free(ptr)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -285,54 +365,66 @@ class Model(_Handle):
 
 
 class Context(_Handle):
-    """A llama.cpp context over a Model; keeps the model alive as long as it lives."""
+    """A llama.cpp context over a Model; keeps the model alive as long as it lives.
+
+    `other`: the context whose model's embeddings and output head this one uses
+    (`ctx_other`, a draft reading its target's): closing either parent frees this one first."""
 
     close_order = 1
 
-    def __init__(self, model: Model, params: "ll.llama_context_params"):
+    def __init__(self, model: Model, params: "ll.llama_context_params", *, other: "Optional[Context]" = None):
         super().__init__()
         self.model = model
+        if other is not None:
+            params.ctx_other = other.ptr
         ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not create a context for {model.path}")
+        self._own(ptr, ll.llama_free)
+        self.depend_on(model)
+        if other is not None:
+            self.depend_on(other)
         self._adopt(ptr)
 
     @classmethod
-    def borrow(cls, model: Model, ptr: int) -> "Context":
-        """A view of a context someone else created and frees (e.g. a llama_cpp.Llama's)."""
+    def borrow(cls, model: Model, ptr: int, owner: Any = None) -> "Context":
+        """A view of a context someone else created and frees (e.g. a llama_cpp.Llama's);
+        `owner`, the llama-cpp-python object that frees it, closes the view (and what depends on
+        it: a draft context reading it through ctx_other) first."""
         self = cls.__new__(cls)
         _Handle.__init__(self)
-        self._owned = False
         self.model = model
+        self._own(ptr, None)
+        self.depend_on(model)
+        if owner is not None:
+            self.close_with(owner)
         self._adopt(ptr)
         return self
 
     def _adopt(self, ptr: int) -> None:
-        self._ptr = ptr
         self.memory = ll.llama_get_memory(ptr)
         self.n_ctx = int(ll.llama_n_ctx(ptr))
         self.n_batch = int(ll.llama_n_batch(ptr))
         self.n_ubatch = int(ll.llama_n_ubatch(ptr))
-        self._on_close: list[Callable[[], None]] = []
 
     def on_close(self, fn: Callable[[], None]) -> None:
-        """Run `fn` just before the context is freed (e.g. detach a sampler it references)."""
-        self._on_close.append(fn)
+        """Run `fn` just before the context is freed, by whatever path (e.g. detach a sampler it
+        references)."""
+        self._cell.hooks.append(fn)
 
-    def _free(self, ptr: int) -> None:
-        for fn in reversed(self._on_close):
-            fn()
-        self._on_close.clear()
-        ll.llama_free(ptr)
+    def _memory(self) -> int:
+        if self._cell.ptr is None:  # the cached memory pointer died with the context
+            raise RuntimeError("Context is closed")
+        return self.memory
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
-        return bool(ll.llama_memory_seq_rm(self.memory, seq_id, p0, p1))
+        return bool(ll.llama_memory_seq_rm(self._memory(), seq_id, p0, p1))
 
     def pos_max(self, seq_id: int = 0) -> int:
-        return int(ll.llama_memory_seq_pos_max(self.memory, seq_id))
+        return int(ll.llama_memory_seq_pos_max(self._memory(), seq_id))
 
     def clear(self) -> None:
-        ll.llama_memory_clear(self.memory, True)
+        ll.llama_memory_clear(self._memory(), True)
 
 
 class BatchExt(_Handle):
@@ -345,13 +437,11 @@ class BatchExt(_Handle):
         ptr = ll.llama_batch_ext_init(ctx.ptr)
         if not ptr:
             raise LlamaCallError("llama_batch_ext_init failed")
-        self._ptr = ptr
+        self._own(ptr, ll.llama_batch_ext_free)
+        self.depend_on(ctx)
         self.ctx = ctx
         self.n = 0
         self._pos = (ll.llama_pos * 4)()
-
-    def _free(self, ptr: int) -> None:
-        ll.llama_batch_ext_free(ptr)
 
     def clear(self) -> None:
         ll.llama_batch_ext_clear(self.ptr)

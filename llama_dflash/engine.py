@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Iterator, Optional, Sequence
 
 from . import _bindings as ext
-from ._llama import Model, set_verbose
+from ._llama import Model, close_at_exit, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
-from .inspect import DraftInfo, GGUFInfo, check_gguf_file, read_draft, validate_pair, validate_target
+from .inspect import DraftInfo, GGUFInfo, check_target_file, read_draft, validate_pair
 from .proposers import DFlashProposer, Proposer
 from .proposers.auto import AutoProposer
 from .proposers.chain import ChainProposer
@@ -120,8 +120,9 @@ class OrdinaryDecoding(_Decoder):
     """Plain decoding of the target, with the same prefill and sampler as the speculative engine."""
 
     def __init__(self, target: TargetConfig, *, model: Optional[Model] = None):
+        close_at_exit(self)
         set_verbose(target.verbose)
-        self.target_info: GGUFInfo = check_gguf_file(target.model)
+        self.target_info: GGUFInfo = check_target_file(target.model)
         self._model, self._owns_model = _load_target_model(target, model)
         self.target = TargetContext(self._model, target)
         self._cut_allowed = not is_recurrent_model(self._model)
@@ -167,11 +168,13 @@ class LlamaDFlashDecoding(_Decoder):
     """
 
     def __init__(self, target: TargetConfig, spec: SpecConfig, *, model: Optional[Model] = None):
+        close_at_exit(self)
         set_verbose(target.verbose)
         ext.check_symbols()
         self.spec = spec
-        self.target_info: GGUFInfo = check_gguf_file(target.model)
-        validate_target(self.target_info)
+        # any architecture llama.cpp runs: only a draft model reading layer inputs needs more
+        # (validate_pair checks the target for it), and the MTP head needs one in the file
+        self.target_info: GGUFInfo = check_target_file(target.model)
         if spec.uses_mtp:
             check_mtp_target(self.target_info)
         self.draft_info: Optional[DraftInfo] = None

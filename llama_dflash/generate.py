@@ -283,11 +283,13 @@ def speculative_generate(
         report = getattr(proposer, "report", None)  # a chain's per-speculator counts
         if report is not None:
             report(stats)
-        # tokens decoded beyond what the consumer took must not stay in either cache
-        keep = len(prompt) - 1 + consumed
-        if keep < n_past:
-            state.n_past = _rewind(rewinder, proposer, keep)
-        rewinder.settle()
+        # tokens decoded beyond what the consumer took must not stay in either cache (a generator
+        # finalised after its engine was closed has no cache left to touch)
+        if not target.closed:
+            keep = len(prompt) - 1 + consumed
+            if keep < n_past:
+                state.n_past = _rewind(rewinder, proposer, keep)
+            rewinder.settle()
 
 
 def _start_shadow(proposer: Proposer, id_last: int, n_past: int, n: int, stats: SpecStats) -> Optional[ShadowProbe]:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from .bench.cli import (DEFAULT_SPEC_TYPE, _check_output_path, _wrap, resolve_models, spec_config,
                             spec_type_names, target_config)
     from .engine import LlamaDFlashDecoding, OrdinaryDecoding
-    from .inspect import validate_files, validate_target_file
+    from .inspect import check_target_file, validate_files
     from .sampling import SamplingParams
 
     if args.max_tokens < 1:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if args.draft_model:
             raise UsageError(f"--draft-model {args.draft_model} is given but --spec-type none drafts nothing")
         model, spec = args.model or smollm2_path(), None
-        validate_target_file(model)
+        check_target_file(model)
     else:
         model, draft = resolve_models(args)
         if args.spec_type is None and draft is not None:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.draft_model is not None:
             validate_files(model, spec.draft_model, spec.algorithm)
         else:
-            validate_target_file(model)
+            check_target_file(model)  # n-gram types and lookup: any architecture
     target = target_config(args, model)
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     t0 = time.perf_counter()

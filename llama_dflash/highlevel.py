@@ -44,13 +44,13 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import _bindings as ext
-from ._llama import Context, Model, Placement, cpu_has_amx, placement_defaults, set_verbose
+from ._llama import Context, Model, Placement, close_at_exit, cpu_has_amx, placement_defaults, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
-from .inspect import check_gguf_file, read_draft, validate_pair, validate_target
+from .inspect import check_gguf_file, check_target, read_draft, validate_pair
 from .proposers import DFlashProposer
 from .proposers.factory import build_proposer, draft_type_name
 from .rewind import is_recurrent_model, make_rewinder
@@ -200,6 +200,7 @@ class Llama(llama_cpp.Llama):
                  repack: Optional[bool] = None, **kwargs: Any):
         self._speculator: Optional[Speculator] = None
         self.speculative = speculative
+        close_at_exit(self)
         self._repack = (not cpu_has_amx()) if repack is None else bool(repack)
         if speculative is not None:
             if not isinstance(speculative, SpecConfig):
@@ -207,20 +208,30 @@ class Llama(llama_cpp.Llama):
             for name in _NOT_WITH_SPECULATIVE:
                 if kwargs.get(name):
                     raise ValueError(f"llama_dflash.Llama: {name} cannot be combined with speculative=")
-        _check_lora(kwargs.get("lora_path"))
+        lora_path = kwargs.pop("lora_path", None)
+        _check_lora(lora_path)
+        if lora_path:  # as llama_cpp.Llama does with an adapter
+            kwargs["use_mmap"] = False
         # llama.cpp aborts the process on many malformed files: check them in Python first
         target_info = check_gguf_file(model_path) if os.path.isfile(model_path) else None
         if speculative is not None:
             if target_info is None:
                 raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
-            validate_target(target_info)
+            check_target(target_info)  # any architecture: layer inputs only for a draft model (validate_pair)
             self._draft_info = None
             if speculative.uses_draft_model:
                 self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model),
                                                  speculative.algorithm)
         with _model_params(self._repack):
             super().__init__(model_path, **kwargs)
+        self.lora_path = lora_path
+        if lora_path:
+            try:
+                self._load_lora(lora_path)
+            except BaseException:
+                self.close()
+                raise
         mp = self.model_params
         shares = getattr(self, "tensor_split", None)
         #: where the weights went, as passed to llama.cpp: {"target": Placement, "draft": Placement
@@ -246,14 +257,31 @@ class Llama(llama_cpp.Llama):
                 self.close()
                 raise
 
+    def _load_lora(self, path: str) -> None:
+        """Load the adapter and apply it to the context, as llama_cpp.Llama's lora_path does --
+        except for who frees it.  llama_cpp.Llama frees it from a closure over the instance (a
+        reference cycle), and llama.cpp's model also deletes the adapters still registered with
+        it when freed: if the collector finalises the model first, that closure frees the adapter
+        a second time (SIGSEGV).  Here the model is its one owner: llama_model_free frees it."""
+        adapter = ll.llama_adapter_lora_init(self._model.model, path.encode("utf-8"))
+        if not adapter:
+            raise RuntimeError(f"Failed to initialize LoRA adapter from lora path: {path}")
+        self._lora_adapter = adapter
+        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(self.lora_scale)
+        if ll.llama_set_adapters_lora(self._ctx.ctx, adapters, 1, scales):
+            raise RuntimeError(f"Failed to set LoRA adapter from lora path: {path}")
+
     # ---- draft attachment ------------------------------------------------------------------------
     def _attach(self, spec: SpecConfig) -> None:
         info = self._draft_info
         set_verbose(self.verbose)  # llama.cpp's log goes through our callback from here on
         on_target = self.placement["target"]
+        # views of llama_cpp.Llama's model and context: whichever way those are freed (close(), or
+        # their own __del__ in a garbage cycle), the draft reading them is freed first
         model = Model.borrow(self._model.model, self.model_path, self._repack,
-                             n_gpu_layers=int(self.model_params.n_gpu_layers), placement=on_target)
-        ctx = Context.borrow(model, self._ctx.ctx)
+                             n_gpu_layers=int(self.model_params.n_gpu_layers), placement=on_target, owner=self._model)
+        ctx = Context.borrow(model, self._ctx.ctx, owner=self._ctx)
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
         target = TargetContext(model, config, extract_layers=info.target_layers if info else (), ctx=ctx)
@@ -295,6 +323,12 @@ class Llama(llama_cpp.Llama):
     @property
     def speculator(self) -> Optional[Speculator]:
         return self._speculator
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Free the draft (it references the target context), then what llama_cpp.Llama owns."""

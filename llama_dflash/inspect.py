@@ -6,8 +6,10 @@ counts bounded by the file's size); every value is read through a typed getter, 
 a missing key or an out-of-range value is an `IncompatibleModelError` naming the file, the field,
 the value found and what was expected, never a TypeError or a traceback.
 
-Entry points: `check_gguf_file` (any model llama.cpp will load), `validate_target_file` (a DFlash
-target), `read_draft` + `validate_pair` (a draft against its target), `validate_files` (both).
+Entry points: `check_gguf_file` (any model llama.cpp will load), `check_target_file` (a model to
+decode, ordinarily or with drafters that read only tokens: n-gram types, lookup -- any architecture
+llama.cpp runs), `validate_target_file` (a DFlash target: its graph must expose layer inputs),
+`read_draft` + `validate_pair` (a draft against its target), `validate_files` (both).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ __all__ = [
     "read_gguf",
     "read_draft",
     "check_gguf_file",
+    "check_target",
+    "check_target_file",
     "validate_target",
     "validate_target_file",
     "validate_pair",
@@ -406,9 +410,9 @@ def check_gguf_file(path: str | os.PathLike[str]) -> GGUFInfo:
 
 # ---- targets -------------------------------------------------------------------------------------
 
-def validate_target(target: GGUFInfo) -> None:
-    """The target must be an architecture with layer-input extraction whose inputs llama.cpp can
-    hand over (n_embd wide), with the vocabulary and embedding shapes its loader expects."""
+def check_target(target: GGUFInfo) -> None:
+    """A model to decode by itself: any architecture llama.cpp loads, but not a draft file (a
+    DFlash draft has no embeddings or head of its own without its target's context)."""
     arch = get_str(target, "general.architecture", "")
     if not arch:
         raise IncompatibleModelError(target.path, "general.architecture", None, "a model architecture")
@@ -416,6 +420,22 @@ def validate_target(target: GGUFInfo) -> None:
         raise IncompatibleModelError(
             target.path, "general.architecture", "dflash", "a target model (this file is a DFlash draft)"
         )
+
+
+def check_target_file(path: str | os.PathLike[str]) -> GGUFInfo:
+    """`check_gguf_file` and `check_target`: the checks for a target of ordinary decoding and of
+    drafters that read only tokens (the layer-input checks belong to `validate_target`)."""
+    info = check_gguf_file(path)
+    check_target(info)
+    return info
+
+
+def validate_target(target: GGUFInfo) -> None:
+    """A target for a draft model that reads its layer inputs (DFlash, DSpark, DFlash2): an
+    architecture with layer-input extraction whose inputs llama.cpp can hand over (n_embd wide),
+    with the vocabulary and embedding shapes its loader expects."""
+    check_target(target)
+    arch = get_str(target, "general.architecture")
     if arch not in LAYER_INPUT_ARCHS:
         raise UnsupportedTargetError(
             target.path,

@@ -113,7 +113,7 @@ class Sampler(_Handle):
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if not chain:
             raise MemoryError("llama_sampler_chain_init failed")
-        self._ptr = chain
+        self._own(chain, ll.llama_sampler_free)  # frees the samplers the chain owns
         if banned:
             bias = (ll.llama_logit_bias * len(banned))()
             for i, tok in enumerate(banned):
@@ -137,10 +137,7 @@ class Sampler(_Handle):
         if not sampler:
             self.close()
             raise MemoryError("llama.cpp could not create a sampler")
-        ll.llama_sampler_chain_add(self._ptr, sampler)
-
-    def _free(self, ptr: int) -> None:
-        ll.llama_sampler_free(ptr)  # frees the samplers the chain owns
+        ll.llama_sampler_chain_add(self.ptr, sampler)
 
     def sample(self, ctx: int, i: int) -> int:
         """Sample batch row i of the context's last decode and accept it into the chain."""

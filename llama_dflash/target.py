@@ -97,6 +97,10 @@ class TargetContext:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
+    @property
+    def closed(self) -> bool:
+        return self.ctx.closed
+
     def close(self) -> None:
         self.ctx.close()
 

@@ -105,12 +105,11 @@ class BatchedDraft:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
-        params.ctx_other = target_ctx.ptr
         want_backend, self.backend_sampling_reason = _backend_sampling_choice(spec, info, self.n_gpu_layers)
         if want_backend:
             # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
             params.n_outputs_max_per_seq = info.block_size
-        self.ctx = Context(self.model, params)
+        self.ctx = Context(self.model, params, other=target_ctx)  # ctx_other: the target's head
         if want_backend:
             self._attach_backend_samplers()
         elif spec.backend_sampling is True:

@@ -15,7 +15,7 @@ import sys
 from typing import Any, Optional, Sequence, Union
 
 from ..config import DRAFT_SPEC_TYPES, SpecConfig, TargetConfig
-from ..inspect import get_int, get_str, read_gguf, validate_files, validate_target_file
+from ..inspect import check_target_file, get_int, get_str, read_gguf, validate_files
 from ..sampling import SamplingParams
 from .format import format_result
 from .runner import BenchConfig, run_benchmark
@@ -357,7 +357,7 @@ def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
         if spec.draft_model is not None:
             validate_files(model, spec.draft_model, spec.algorithm)
         else:
-            validate_target_file(model)
+            check_target_file(model)  # n-gram types and lookup: any architecture
     return target_config(args, model), spec
 
 

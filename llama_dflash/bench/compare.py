@@ -13,7 +13,6 @@ with the reason (a target without an MTP head, a draft for another target, ...).
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -184,7 +183,7 @@ def compare_speculators(target: TargetConfig, candidates: Sequence[Candidate], p
                     r.generations += 1
                     r.mismatches += int(out != ref)
                     r.stats.merge(stats)
-                note(f"prompt done")
+                note("prompt done")
         return Comparison(target.model, len(prompts), runs, max_tokens, ordinary, list(results.values()),
                           list(not_applicable))
     finally:

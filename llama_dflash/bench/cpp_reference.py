@@ -1,6 +1,13 @@
 """Run llama.cpp's own C++ driver (`llama-speculative-simple`) on the same pair and settings.
 
 Build it with ../shared/tools/build-cpp-reference.sh (same llama.cpp sources as our dependency).
+
+The driver's counts come from its log, and that log is asynchronous: `common/log.cpp` queues each
+line for a worker thread, has no synchronous mode, and its logger is deliberately never flushed or
+joined at exit, so lines still queued when `main` returns are lost.  Every run of the driver goes
+through `run_driver`, which (1) writes its output to a file, not a pipe -- a worker blocked on a
+full pipe falls behind and loses the summary at exit, seen every time with -lv 4 through a pipe --
+and (2) runs it again, up to `ATTEMPTS` times, while the lines the caller needs are missing.
 """
 
 from __future__ import annotations
@@ -8,10 +15,21 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
-__all__ = ["BudgetCounts", "CppResult", "CPP_SPEC_TYPES", "parse_cpp_output", "run_cpp_reference"]
+__all__ = ["BudgetCounts", "CppResult", "CPP_SPEC_TYPES", "IncompleteOutput", "parse_cpp_output",
+           "run_cpp_reference", "run_driver", "ATTEMPTS"]
+
+#: runs of the driver before its output is declared incomplete for good
+ATTEMPTS = 5
+T = TypeVar("T")
+
+
+class IncompleteOutput(ValueError):
+    """The driver exited 0 but its output lacks lines it always prints (its log lost its tail)."""
 
 #: the types llama-speculative-simple chains with --spec-type (llama.cpp 0.3.36's names)
 CPP_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
@@ -69,14 +87,45 @@ _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 
 
 def parse_cpp_output(text: str) -> CppResult:
-    """Parse the summary llama-speculative-simple prints at the end of a run."""
+    """Parse the summary llama-speculative-simple prints at the end of a run; IncompleteOutput if
+    a line of it is missing (a summary cut after its 'decoded' line must not read as 0 drafted)."""
     m = _DECODED.search(text)
     if not m:
-        raise ValueError("llama-speculative-simple output has no 'decoded N tokens in S seconds' line")
+        raise IncompleteOutput("llama-speculative-simple output has no 'decoded N tokens in S seconds' line")
     fields = dict((k, int(v)) for k, v in _FIELD.findall(text))
+    missing = [k for k in ("n_drafted", "n_accept") if k not in fields]
+    if missing:
+        raise IncompleteOutput(f"llama-speculative-simple output has no '{missing[0]} = N' line after its "
+                               "'decoded' line")
     steps = [(int(a), int(d)) for a, d in _STEP.findall(text)]
     return CppResult(int(m.group(1)), float(m.group(2)), float(m.group(3)),
-                     fields.get("n_drafted", 0), fields.get("n_accept", 0), steps)
+                     fields["n_drafted"], fields["n_accept"], steps)
+
+
+def run_driver(cmd: Sequence[str], parse: Callable[[str], T], *, timeout: float = 1800,
+               attempts: int = ATTEMPTS) -> T:
+    """Run a llama.cpp driver command and `parse` its output (stdout and stderr, in a file).
+
+    A non-zero exit is a ValueError with the last lines; `parse` raising IncompleteOutput runs the
+    command again (see the module's docstring), up to `attempts` runs in all."""
+    for attempt in range(1, attempts + 1):
+        # the driver echoes generated text: a tiny random model's bytes need not be UTF-8
+        with tempfile.TemporaryFile() as out:
+            proc = subprocess.run(list(cmd), stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            out.seek(0)
+            text = out.read().decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            tail = text.strip().splitlines()[-3:]
+            raise ValueError(f"{os.path.basename(cmd[0])} failed (exit {proc.returncode}): {' | '.join(tail)}")
+        try:
+            return parse(text)
+        except IncompleteOutput as e:
+            if attempt == attempts:
+                raise IncompleteOutput(f"{e} (in {attempts} runs: its asynchronous log loses its last "
+                                       "lines at exit)") from None
+            print(f"{os.path.basename(cmd[0])}: {e}; running it again ({attempt + 1}/{attempts})",
+                  file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def cpp_spec_type(draft: str) -> str:
@@ -137,9 +186,4 @@ def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str
 
 
 def _run_binary(cmd: list[str], timeout: float) -> CppResult:
-    # the driver echoes generated text: a tiny random model's bytes need not be UTF-8
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise ValueError(f"llama-speculative-simple failed (exit {proc.returncode}): {' | '.join(tail)}")
-    return parse_cpp_output(proc.stdout + "\n" + proc.stderr)
+    return run_driver(cmd, parse_cpp_output, timeout=timeout)

@@ -116,13 +116,12 @@ class DFlashProposer:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
-        params.ctx_other = target.ctx.ptr
         want_backend, not_used = _backend_sampling_choice(spec, info, self.n_gpu_layers)
         if want_backend:
             # a backend sampler handles at most n_outputs_max_per_seq outputs of a sequence per decode
             params.n_outputs_max_per_seq = info.block_size
         try:
-            self.ctx = Context(self.model, params)
+            self.ctx = Context(self.model, params, other=target.ctx)  # ctx_other: the target's head
         except Exception:
             self.model.close()
             raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_dflash.bench.cpp_reference import parse_cpp_output, run_cpp_reference
+from llama_dflash.bench.cpp_reference import ATTEMPTS, IncompleteOutput, parse_cpp_output, run_cpp_reference
 
 SAMPLE = Path(__file__).parent / "data" / "speculative_simple_smollm2.txt"
 
@@ -30,19 +30,34 @@ def test_parse_rejects_other_text():
         parse_cpp_output("error: invalid argument: --foo\n")
 
 
-def _fake_binary(tmp_path: Path, exit_code: int = 0) -> tuple[str, Path]:
-    """A stand-in executable that records its argv and prints the recorded sample."""
+def _fake_binary(tmp_path: Path, exit_code: int = 0, lose: int = 0, cut: str = "decoded") -> tuple[str, Path]:
+    """A stand-in executable that records its argv and prints the recorded sample.
+
+    `lose`: its first `lose` runs end with exit code 0 but lose the sample's tail from the first
+    line containing `cut` on (as the driver's asynchronous log does at exit).  Each run appends
+    whether its stderr was a regular file (not a pipe) to `runs.txt` beside the argv file."""
     argv_file = tmp_path / "argv.txt"
+    runs = tmp_path / "runs.txt"
     script = tmp_path / "llama-speculative-simple"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import sys\n"
+        "import os, stat, sys\n"
         f"open({str(argv_file)!r}, 'w').write('\\n'.join(sys.argv[1:]))\n"
-        f"sys.stderr.write(open({str(SAMPLE)!r}).read() if {exit_code} == 0 else 'boom: bad draft\\n')\n"
+        f"runs = {str(runs)!r}\n"
+        "n = len(open(runs).read().split()) if os.path.exists(runs) else 0\n"
+        "open(runs, 'a').write(('file' if stat.S_ISREG(os.fstat(2).st_mode) else 'pipe') + '\\n')\n"
+        f"text = open({str(SAMPLE)!r}).read()\n"
+        f"if n < {lose}:\n"
+        f"    text = text[: text.index({cut!r})]\n"
+        f"sys.stderr.write(text if {exit_code} == 0 else 'boom: bad draft\\n')\n"
         f"sys.exit({exit_code})\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script), argv_file
+
+
+def _runs(argv_file: Path) -> list[str]:
+    return (argv_file.parent / "runs.txt").read_text().split()
 
 
 def _run(binary: str, **kw):
@@ -69,9 +84,35 @@ def test_run_passes_our_settings(tmp_path):
 
 
 def test_run_failure_is_a_clear_error(tmp_path):
-    binary, _ = _fake_binary(tmp_path, exit_code=3)
+    binary, argv_file = _fake_binary(tmp_path, exit_code=3)
     with pytest.raises(ValueError, match=r"failed \(exit 3\): boom: bad draft"):
         _run(binary)
+    assert len(_runs(argv_file)) == 1  # a failure is not a lost log: not run again
+
+
+@pytest.mark.parametrize("cut", ["decoded", "n_drafted", "n_accept"])
+def test_a_run_that_lost_its_summary_is_run_again(tmp_path, cut):
+    """The driver's log loses its last lines at exit now and then: the first run here ends with exit
+    0 but without its summary (or with only part of it), the second prints it.  Both runs of
+    run_cpp_reference (with -lv 5 for the steps, without for the timing) get the counts, from output
+    written to a file (a pipe makes the driver's log fall behind and lose its tail)."""
+    binary, argv_file = _fake_binary(tmp_path, lose=1, cut=cut)
+    r = _run(binary)
+    assert (r.decoded_tokens, r.n_drafted, r.n_accept) == (13, 32, 5)
+    assert _runs(argv_file) == ["file"] * 3
+
+
+def test_a_summary_cut_after_decoded_is_not_read_as_zero():
+    text = SAMPLE.read_text()
+    with pytest.raises(IncompleteOutput, match="n_accept"):
+        parse_cpp_output(text[: text.index("n_accept")])
+
+
+def test_a_summary_lost_every_time_is_a_clear_error(tmp_path):
+    binary, argv_file = _fake_binary(tmp_path, lose=100)
+    with pytest.raises(ValueError, match=rf"no 'decoded N tokens in S seconds' line \(in {ATTEMPTS} runs"):
+        _run(binary)
+    assert len(_runs(argv_file)) == ATTEMPTS
 
 
 def test_generated_bytes_that_are_not_utf8(tmp_path):
@@ -109,7 +150,7 @@ def test_bench_compares_the_same_tokens_with_the_cpp_driver(tmp_path, tiny_targe
     import json
     import subprocess
 
-    binary, argv_file = _fake_binary(tmp_path)
+    binary, argv_file = _fake_binary(tmp_path, lose=1)  # its first run loses the summary: run again
     out = tmp_path / "b.json"
     proc = subprocess.run(
         [sys.executable, "-m", "llama_dflash.cli", "bench", "--model", tiny_target, "--draft-model", tiny_draft,
@@ -118,6 +159,7 @@ def test_bench_compares_the_same_tokens_with_the_cpp_driver(tmp_path, tiny_targe
          "--ignore-eos", "--no-cost-probe", "--cpp-reference", binary, "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert len(_runs(argv_file)) == 3 and "running it again" in proc.stderr
     argv = argv_file.read_text().split("\n")
 
     def value(flag):
