@@ -51,8 +51,9 @@ from .errors import LlamaCallError
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
 from .inspect import check_gguf_file, check_target, read_draft, validate_pair
-from .proposers import DFlashProposer
+from .proposers import DFlashProposer, Proposer
 from .proposers.factory import build_proposer, draft_type_name
+from .proposers.mtp import MTPProposer, check_mtp_target
 from .rewind import is_recurrent_model, make_rewinder
 from .speculator import Speculator
 from .stats import SpecStats
@@ -126,14 +127,15 @@ def stats_summary(stats: SpecStats) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _model_params(repack: bool) -> Iterator[None]:
-    """Load with llama.cpp's CPU weight repacking on or off.
+def _model_params(repack: bool, load_mtp: bool = False) -> Iterator[None]:
+    """Load with llama.cpp's CPU weight repacking on or off, and with the MTP layers for draft-mtp.
 
-    llama-cpp-python builds its model parameters inside `__init__`; repacking is on there.  On
-    CPUs with AMX, repacked Q4_1 weights crash batched decodes (plain llama_cpp.Llama too), so
-    the default turns it off there -- the only parameter we change behind the reference's back.
+    llama-cpp-python builds its model parameters inside `__init__`; repacking is on there and the
+    MTP (nextn) layers are skipped.  On CPUs with AMX, repacked Q4_1 weights crash batched decodes
+    (plain llama_cpp.Llama too), so the default turns repacking off there; `draft-mtp` needs the
+    MTP layers loaded -- the only parameters we change behind the reference's back.
     """
-    if repack:
+    if repack and not load_mtp:
         yield
         return
     with _patch_lock:
@@ -141,7 +143,8 @@ def _model_params(repack: bool) -> Iterator[None]:
 
         def without_repack():  # type: ignore[no-untyped-def]
             params = original()
-            params.use_extra_bufts = False
+            params.use_extra_bufts = bool(repack)
+            params.load_mtp = bool(load_mtp)
             return params
 
         ll.llama_model_default_params = without_repack
@@ -219,11 +222,13 @@ class Llama(llama_cpp.Llama):
                 raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
             check_target(target_info)  # any architecture: layer inputs only for a draft model (validate_pair)
+            if speculative.uses_mtp:
+                check_mtp_target(target_info)
             self._draft_info = None
             if speculative.uses_draft_model:
                 self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model),
                                                  speculative.algorithm)
-        with _model_params(self._repack):
+        with _model_params(self._repack, speculative is not None and speculative.uses_mtp):
             super().__init__(model_path, **kwargs)
         self.lora_path = lora_path
         if lora_path:
@@ -280,14 +285,18 @@ class Llama(llama_cpp.Llama):
         # views of llama_cpp.Llama's model and context: whichever way those are freed (close(), or
         # their own __del__ in a garbage cycle), the draft reading them is freed first
         model = Model.borrow(self._model.model, self.model_path, self._repack,
-                             n_gpu_layers=int(self.model_params.n_gpu_layers), placement=on_target, owner=self._model)
+                             n_gpu_layers=int(self.model_params.n_gpu_layers), placement=on_target, owner=self._model,
+                             load_mtp=spec.uses_mtp)
         ctx = Context.borrow(model, self._ctx.ctx, owner=self._ctx)
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
         target = TargetContext(model, config, extract_layers=info.target_layers if info else (), ctx=ctx)
         stats = SpecStats(algorithm=info.algorithm if info else ",".join(spec.spec_types))
         proposer = None
+        mtp: Optional[MTPProposer] = None
         try:
+            if spec.uses_mtp:
+                mtp = MTPProposer(spec, target, stats)
             if info is not None:
                 on_draft = draft_placement(spec, on_target)
                 msg = placement_warning(on_target, on_draft, _gpu_count())
@@ -297,8 +306,13 @@ class Llama(llama_cpp.Llama):
                 with placement_defaults(on_draft.split_mode, on_draft.main_gpu, on_draft.tensor_split):
                     proposer = DFlashProposer(info, spec, target, stats)
                 self.placement["draft"] = proposer.model.placement
-            drafting = build_proposer(spec, proposer, draft_type_name(info.algorithm) if info else "draft-dflash")
-            if drafting is not proposer:
+            models: list[tuple[str, Proposer]] = [("draft-mtp", mtp)] if mtp is not None else []
+            if proposer is not None:
+                models.append((draft_type_name(info.algorithm), proposer))
+            drafting = build_proposer(spec, models)
+            if drafting is mtp:
+                stats.algorithm = "draft-mtp"
+            elif drafting is not proposer:
                 stats.algorithm = drafting.label  # type: ignore[attr-defined]
                 drafting.stats = stats  # type: ignore[attr-defined]
             # the context is llama-cpp-python's, created without recurrent snapshots (n_rs_seq)
@@ -307,16 +321,20 @@ class Llama(llama_cpp.Llama):
                                  "use rollback='auto' or 'checkpoint'")
             rewinder = make_rewinder(target, stats, "auto" if spec.rollback == "native" else spec.rollback)
         except BaseException:
-            if proposer is not None:
-                proposer.close()
+            for m in (proposer, mtp):
+                if m is not None:
+                    m.close()
             target.close()
             raise
         controller = None
         if spec.adaptive and info is not None and drafting is proposer:
             controller = AdaptiveController(info.max_draft_tokens, shadow_probes=True)
+        elif spec.adaptive and mtp is not None and drafting is mtp:
+            controller = AdaptiveController(mtp.n_max, shadow_probes=True)
         # input_ids is sized by the n_ctx asked for, which llama.cpp may round up for the cache
         self._speculator = Speculator(target, drafting, rewinder, controller, stats,
-                                      max_positions=min(ctx.n_ctx, len(self.input_ids)), draft=proposer)
+                                      max_positions=min(ctx.n_ctx, len(self.input_ids)), draft=proposer,
+                                      owned=(mtp,) if mtp is not None else ())
         self.draft_model = self._speculator  # llama_cpp.Llama.generate's hook
         self._recurrent = is_recurrent_model(model)
 

@@ -45,15 +45,16 @@ class _Block:
 class Speculator:
     """Draft proposals for `llama_cpp.Llama.generate` (its `draft_model` interface).
 
-    Owns the DFlash proposer (its context and model), if any, and the rewinder; borrows the
-    target.  `proposer` is the draft model itself, or a chain / `auto` of token drafters (n-gram,
+    Owns the DFlash proposer (its context and model), if any, the other models in `owned` (the
+    target's MTP head) and the rewinder; borrows the target.  `proposer` is the draft model itself, or a chain / `auto` of token drafters (n-gram,
     lookup) with the draft model (`draft`) as a member or without one (`draft` None).
     """
 
     def __init__(self, target: TargetContext, proposer: Proposer, rewinder: Rewinder,
                  controller: Optional[AdaptiveController], stats: SpecStats, *, max_positions: int = 0,
-                 draft: Optional[DFlashProposer] = None):
+                 draft: Optional[DFlashProposer] = None, owned: Sequence[Proposer] = ()):
         self.target = target
+        self.owned = tuple(owned)  # further models it owns (the target's MTP head)
         self.max_positions = max_positions or target.n_ctx
         # the DFlash/DSpark context (stats, cache state); None: token drafters only
         self.draft: Optional[DFlashProposer] = draft if draft is not None else (
@@ -198,7 +199,7 @@ class Speculator:
         self._shadow = None
         self._begin_pending = True
         self.stats = self.rewinder.stats = stats
-        for part in (self.draft, self.proposer):
+        for part in (self.draft, self.proposer, *self.owned):
             if part is not None and hasattr(part, "stats"):
                 part.stats = stats
         if self.controller is not None:
@@ -210,6 +211,7 @@ class Speculator:
 
     def close(self) -> None:
         self.rewinder.close()
-        if self.draft is not None:
-            self.draft.close()
+        for model in (*self.owned, self.draft):
+            if model is not None:
+                model.close()
         self.target.close()  # borrowed context: frees only our batch

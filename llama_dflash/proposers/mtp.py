@@ -128,16 +128,21 @@ class MTPProposer:
         """Nothing: the prompt reached the MTP context row by row during prefill."""
 
     def inject(self, features: np.ndarray, pos0: int) -> None:
-        """The target just decoded rows at pos0..: queue their tokens and hidden states (copies:
-        the next target decode overwrites both buffers)."""
+        """Rows at pos0.. of the target's last decode stay in its cache: queue their tokens and
+        hidden states (copies: the next target decode overwrites both buffers).  They are found by
+        position in that decode (the drop-in `Llama` commits accepted rows from its middle)."""
         n = features.shape[0]
         if n == 0:
             return
+        batch = self.target.batch
+        first = pos0 - int(batch.pos[0]) if batch.n else -1
+        if first < 0 or first + n > batch.n:
+            raise LlamaCallError(f"MTP rows {pos0}..{pos0 + n - 1} are not in the target's last decode")
         ptr = ext.llama_get_embeddings_nextn(self.target.ctx.ptr)
         if not ptr:
             raise LlamaCallError("the target produced no MTP hidden states (llama_get_embeddings_nextn)")
-        hidden = np.array(float_view(ptr, (n, self.n_embd)))
-        tokens = np.array(self.target.batch.token[:n], dtype=np.int32)
+        hidden = np.array(float_view(ptr, (batch.n, self.n_embd))[first:first + n])
+        tokens = np.array(batch.token[first:first + n], dtype=np.int32)
         self._queue.append((tokens, hidden, pos0))
 
     def flush(self) -> None:
