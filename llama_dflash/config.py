@@ -8,11 +8,12 @@ from enum import Enum
 from typing import Optional, Sequence, Union
 
 __all__ = ["SpecConfig", "TargetConfig", "SpeculativeType", "ALGORITHMS", "ROLLBACK_MODES", "FLASH_ATTN_MODES",
-           "SPEC_TYPE_NAMES", "DRAFT_SPEC_TYPES", "MTP_SPEC_TYPE"]
+           "SPEC_TYPE_NAMES", "DRAFT_SPEC_TYPES", "MTP_SPEC_TYPE", "MODEL_TYPE_ORDER", "model_priority"]
 
 # "dflash2": a DFlash2 draft (DFlash with a selector lattice), checked against the file; "dflash"
-# accepts DFlash2 files too
-ALGORITHMS = ("auto", "dflash", "dspark", "dflash2")
+# accepts DFlash2 files too; "eagle3": an EAGLE-3 head (architecture eagle3); "simple": a classic
+# autoregressive draft model of any architecture (llama.cpp's draft-simple)
+ALGORITHMS = ("auto", "dflash", "dspark", "dflash2", "eagle3", "simple")
 ROLLBACK_MODES = ("auto", "native", "checkpoint")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 
@@ -25,6 +26,10 @@ class SpeculativeType(str, Enum):
     """
 
     NONE = "none"
+    # a small autoregressive model with the target's vocabulary (its own context and KV cache)
+    DRAFT_SIMPLE = "draft-simple"
+    # an EAGLE-3 head reading three of the target's layers
+    DRAFT_EAGLE3 = "draft-eagle3"
     # the target's own multi-token-prediction head (no draft file)
     DRAFT_MTP = "draft-mtp"
     DRAFT_DFLASH = "draft-dflash"
@@ -46,21 +51,34 @@ class SpeculativeType(str, Enum):
 # the draft model, its algorithm detected from the file later (what algorithm="auto" asks for);
 # a canonical name of ours, deliberately not a SpeculativeType member
 GENERIC_DRAFT = "draft"
-DRAFT_SPEC_TYPES = (GENERIC_DRAFT, SpeculativeType.DRAFT_DFLASH.value, SpeculativeType.DRAFT_DSPARK.value)
+DRAFT_SPEC_TYPES = (GENERIC_DRAFT, SpeculativeType.DRAFT_SIMPLE.value, SpeculativeType.DRAFT_EAGLE3.value,
+                    SpeculativeType.DRAFT_DFLASH.value, SpeculativeType.DRAFT_DSPARK.value)
 #: drafters that are models but need no draft file: the target's MTP head
 MTP_SPEC_TYPE = SpeculativeType.DRAFT_MTP.value
 # llama.cpp's fixed priority (common/speculative.cpp, common_speculative_init): the n-gram types,
-# then the draft types; our lookup (and auto, which picks among the lookup and the draft) in between
+# then the model types (draft-simple, draft-eagle3, draft-mtp, draft-dflash, draft-dspark); our
+# lookup (and auto, which picks among the lookup and the models) in between.  "draft" (the draft
+# model, its type read from the file) sits with the DFlash types; engines order the models by the
+# type the file turns out to be (`model_priority`).
 _PRIORITY = (
     "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
     "lookup", "auto",
-    MTP_SPEC_TYPE, GENERIC_DRAFT, "draft-dflash", "draft-dspark",
+    "draft-simple", "draft-eagle3", MTP_SPEC_TYPE, GENERIC_DRAFT, "draft-dflash", "draft-dspark",
 )
+#: the model types in llama.cpp's priority (a chain asks them in this order)
+MODEL_TYPE_ORDER = ("draft-simple", "draft-eagle3", MTP_SPEC_TYPE, "draft-dflash", "draft-dspark")
+
+
+def model_priority(name: str) -> int:
+    """Where a model type ("draft-eagle3", "draft-mtp", ...) stands in llama.cpp's priority."""
+    return MODEL_TYPE_ORDER.index(name) if name in MODEL_TYPE_ORDER else len(MODEL_TYPE_ORDER)
+
 #: every name `spec_type` accepts
 SPEC_TYPE_NAMES = ("none", *_PRIORITY)
 # the n-gram types that take ngram_size_n / ngram_size_m / ngram_min_hits
 _NGRAM_MAP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
-_DRAFT_ALGORITHM = {"draft-dflash": "dflash", "draft-dspark": "dspark"}
+_DRAFT_ALGORITHM = {"draft-dflash": "dflash", "draft-dspark": "dspark", "draft-eagle3": "eagle3",
+                    "draft-simple": "simple"}
 _GPU_LAYER_WORDS = ("all", "auto")
 _U16_MAX = 0xFFFF
 
@@ -163,7 +181,8 @@ class SpecConfig:
     """
 
     draft_model: Optional[str] = None  # required iff spec_types has a draft type
-    algorithm: str = "auto"  # auto | dflash | dspark | dflash2 (a DFlash2 draft file required)
+    # auto | dflash | dspark | dflash2 (a DFlash2 draft file required) | eagle3 | simple
+    algorithm: str = "auto"
     draft_n_max: int | str = DEFAULT_DRAFT_N_MAX  # 7, or "auto": adaptive length, the draft's block as the ceiling
     draft_n_min: int = 0
     draft_p_min: float = 0.0
@@ -201,7 +220,8 @@ class SpecConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        """Whether a draft type ("draft", "draft-dflash", "draft-dspark") is among `spec_types`."""
+        """Whether a draft-file type ("draft", "draft-simple", "draft-eagle3", "draft-dflash",
+        "draft-dspark") is among `spec_types`."""
         return any(t in DRAFT_SPEC_TYPES for t in self.spec_types)
 
     @property
@@ -341,8 +361,8 @@ class SpecConfig:
     def _default_draft_type(self) -> str:
         if self.algorithm in ("dflash", "dflash2"):
             return "draft-dflash"
-        if self.algorithm == "dspark":
-            return "draft-dspark"
+        if self.algorithm in ("dspark", "eagle3", "simple"):
+            return {"dspark": "draft-dspark", "eagle3": "draft-eagle3", "simple": "draft-simple"}[self.algorithm]
         return GENERIC_DRAFT
 
 

@@ -7,13 +7,15 @@ from typing import Iterator, Optional, Sequence
 from . import _bindings as ext
 from ._llama import Model, close_at_exit, set_verbose
 from .adaptive import AdaptiveController
-from .config import SpecConfig, TargetConfig
+from .config import SpecConfig, TargetConfig, model_priority
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
-from .inspect import DraftInfo, GGUFInfo, check_target_file, read_draft, validate_pair
+from .draft_models import AnyDraftInfo, resolve_draft
+from .inspect import DraftInfo, GGUFInfo, check_target_file
 from .proposers import DFlashProposer, Proposer
 from .proposers.auto import AutoProposer
 from .proposers.chain import ChainProposer
-from .proposers.factory import build_auto_lookup, build_proposer, build_token_drafters, draft_type_name
+from .proposers.factory import (build_auto_lookup, build_draft_model, build_proposer, build_token_drafters,
+                                draft_model_ceiling, order_models)
 from .proposers.mtp import DEFAULT_MTP_N_MAX, MTPProposer, check_mtp_target
 from .rewind import Rewinder, is_recurrent_model, make_rewinder, native_depth_needed
 from .sampling import Sampler, SamplingParams
@@ -157,9 +159,9 @@ class OrdinaryDecoding(_Decoder):
 
 
 class LlamaDFlashDecoding(_Decoder):
-    """Speculative decoding of one sequence (seq_id 0): a DFlash/DSpark draft, the target's own
-    MTP head, token-only drafters (llama.cpp's n-gram types, our lookup), a chain of them or `auto`
-    over them (`SpecConfig.spec_type`).
+    """Speculative decoding of one sequence (seq_id 0): a draft model (DFlash/DSpark, an EAGLE-3
+    head or a classic draft model), the target's own MTP head, token-only drafters (llama.cpp's
+    n-gram types, our lookup), a chain of them or `auto` over them (`SpecConfig.spec_type`).
 
     Both files are validated in Python before llama.cpp sees them (llama.cpp aborts the process
     on several incompatibilities).  The draft context shares the target's embeddings and LM head
@@ -173,19 +175,20 @@ class LlamaDFlashDecoding(_Decoder):
         ext.check_symbols()
         self.spec = spec
         # any architecture llama.cpp runs: only a draft model reading layer inputs needs more
-        # (validate_pair checks the target for it), and the MTP head needs one in the file
+        # (resolve_draft checks the target for the draft models that read them), and the MTP head
+        # needs one in the file
         self.target_info: GGUFInfo = check_target_file(target.model)
         if spec.uses_mtp:
             check_mtp_target(self.target_info)
-        self.draft_info: Optional[DraftInfo] = None
+        self.draft_info: Optional[AnyDraftInfo] = None
         if spec.uses_draft_model:
-            self.draft_info = validate_pair(self.target_info, read_draft(spec.draft_model), spec.algorithm)
+            self.draft_info = resolve_draft(self.target_info, spec.draft_model, spec.algorithm)
         self._token_drafters = build_token_drafters(spec)
         self._auto_type = "auto" in spec.spec_types
         if not spec.spec_types:
             raise ValueError("spec_type 'none' drafts nothing: use OrdinaryDecoding")
         self.algorithm = self._algorithm_name()
-        self._dflash: Optional[DFlashProposer] = None
+        self._draft: Optional[Proposer] = None  # the draft model, of any kind
         self._mtp: Optional[MTPProposer] = None
         self._chain: Optional[ChainProposer] = None
         self._auto: Optional[AutoProposer] = None
@@ -203,13 +206,13 @@ class LlamaDFlashDecoding(_Decoder):
             if spec.uses_mtp:
                 self._mtp = MTPProposer(spec, self.target, self.last_stats)
             if self.draft_info is not None:
-                self._dflash = DFlashProposer(self.draft_info, spec, self.target, self.last_stats)
+                self._draft = build_draft_model(self.draft_info, spec, self.target, self.last_stats)
             self.proposer = build_proposer(spec, self._models(), drafters=self._token_drafters)
             if isinstance(self.proposer, AutoProposer):
                 self._auto = self.proposer
             elif isinstance(self.proposer, ChainProposer):
                 self._chain = self.proposer
-            if self.proposer is not self._dflash:
+            if self.proposer is not self._draft:
                 self.proposer.stats = self.last_stats  # type: ignore[attr-defined]
             self.rewinder: Rewinder = make_rewinder(self.target, self.last_stats, spec.rollback)
             self._cut_allowed = self.rewinder.mode == "kv"
@@ -221,20 +224,27 @@ class LlamaDFlashDecoding(_Decoder):
             self.close()
             raise
 
+    @property
+    def _dflash(self) -> Optional[DFlashProposer]:
+        """The draft model where it is a DFlash/DSpark/DFlash2 draft."""
+        draft = getattr(self, "_draft", None)
+        return draft if isinstance(draft, DFlashProposer) else None
+
     def _model_names(self) -> list[str]:
-        """The models' speculative-type names, in llama.cpp's priority: MTP head, draft model."""
+        """The models' speculative-type names, in llama.cpp's priority (draft-simple, draft-eagle3,
+        draft-mtp, draft-dflash, draft-dspark)."""
         names = ["draft-mtp"] if self.spec.uses_mtp else []
         if self.draft_info is not None:
             names.append(self._draft_type_name())
-        return names
+        return sorted(names, key=model_priority)
 
     def _models(self) -> list[tuple[str, Proposer]]:
         models: list[tuple[str, Proposer]] = []
         if self._mtp is not None:
             models.append(("draft-mtp", self._mtp))
-        if self._dflash is not None:
-            models.append((self._draft_type_name(), self._dflash))
-        return models
+        if self._draft is not None:
+            models.append((self._draft_type_name(), self._draft))
+        return order_models(models)
 
     def _single_model(self) -> Optional[Proposer]:
         """The model that drafts alone (no chain, no auto), if that is the setup."""
@@ -248,12 +258,13 @@ class LlamaDFlashDecoding(_Decoder):
         if self._auto_type:
             return ",".join(["auto"] + models)
         if not self._token_drafters and len(models) == 1:
-            return self.draft_info.algorithm if self.draft_info is not None else models[0]
+            # a DFlash-family draft alone by its algorithm ("dflash", "dspark"), others by type
+            return self.draft_info.algorithm if isinstance(self.draft_info, DraftInfo) else models[0]
         return ",".join([d.name for d in self._token_drafters] + models)
 
     def _draft_type_name(self) -> str:
         assert self.draft_info is not None
-        return draft_type_name(self.draft_info.algorithm)
+        return self.draft_info.kind
 
     @property
     def speculator_names(self) -> tuple[str, ...]:
@@ -267,7 +278,9 @@ class LlamaDFlashDecoding(_Decoder):
         if self._auto_type:
             n.append(build_auto_lookup().n_max)
         if self.draft_info is not None:
-            n.append(self.draft_info.max_draft_tokens)
+            ceiling = draft_model_ceiling(self.draft_info)
+            n.append(ceiling if self.spec.adaptive or isinstance(self.draft_info, DraftInfo)
+                     else int(self.spec.draft_n_max))
         if self.spec.uses_mtp:
             n.append(DEFAULT_MTP_N_MAX if self.spec.adaptive else int(self.spec.draft_n_max))
         return max(n)
@@ -289,11 +302,12 @@ class LlamaDFlashDecoding(_Decoder):
 
     @property
     def draft_n_max(self) -> int:
-        return self._dflash.n_max if self._dflash is not None else self.proposer.n_max
+        return self._draft.n_max if self._draft is not None else self.proposer.n_max
 
     def _ceiling(self) -> int:
-        """The longest draft of the model that drafts alone: a draft's block, or the MTP head's."""
-        return self.draft_info.max_draft_tokens if self._dflash is not None else DEFAULT_MTP_N_MAX
+        """The longest draft of the model that drafts alone under "auto": a DFlash draft's block,
+        an autoregressive draft's default length, or the MTP head's."""
+        return draft_model_ceiling(self.draft_info) if self._draft is not None else DEFAULT_MTP_N_MAX
 
     def _adaptive(self) -> AdaptiveController:
         if self._auto_controller is None:
@@ -320,8 +334,8 @@ class LlamaDFlashDecoding(_Decoder):
         return "auto" if self.controller is not None else model.n_max
 
     def _new_stats(self) -> SpecStats:
-        if getattr(self, "_dflash", None) is not None:
-            n_max = self._dflash.n_max
+        if getattr(self, "_draft", None) is not None:
+            n_max = self._draft.n_max
         elif getattr(self, "proposer", None) is not None:
             n_max = self.proposer.n_max
         else:
@@ -342,7 +356,7 @@ class LlamaDFlashDecoding(_Decoder):
         rewinder = getattr(self, "rewinder", None)
         if rewinder is not None:
             rewinder.close()
-        for name in ("_mtp", "_dflash"):
+        for name in ("_mtp", "_draft"):
             model = getattr(self, name, None)
             if model is not None:
                 model.close()
@@ -371,7 +385,7 @@ class LlamaDFlashDecoding(_Decoder):
         if self.proposer is None:
             raise RuntimeError("LlamaDFlashDecoding is closed")
         self.last_stats = stats = self._new_stats()
-        for model in (self._dflash, self._mtp):
+        for model in (self._draft, self._mtp):
             if model is not None:
                 model.stats = stats
         if self._chain is not None:

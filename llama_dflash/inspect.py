@@ -31,6 +31,7 @@ __all__ = [
     "read_gguf",
     "read_draft",
     "check_gguf_file",
+    "check_gguf",
     "check_target",
     "check_target_file",
     "validate_target",
@@ -135,6 +136,11 @@ class DraftInfo:
     @property
     def path(self) -> str:
         return self.gguf.path
+
+    @property
+    def kind(self) -> str:
+        """The speculative type this draft drafts as: "draft-dflash" or "draft-dspark"."""
+        return "draft-dspark" if self.algorithm == "dspark" else "draft-dflash"
 
     @property
     def anchor_first(self) -> bool:
@@ -397,6 +403,12 @@ def check_gguf_file(path: str | os.PathLike[str]) -> GGUFInfo:
     """Checks for any model handed to llama.cpp (with or without a draft): the structure, and
     the generic values llama.cpp asserts on while loading (block count, MTP layers, token texts)."""
     info = read_gguf(path)
+    check_gguf(info)
+    return info
+
+
+def check_gguf(info: GGUFInfo) -> None:
+    """`check_gguf_file` on a file already read."""
     arch = get_str(info, "general.architecture")
     if arch in ("", "clip"):
         raise IncompatibleModelError(info.path, "general.architecture", arch or None, "a language model architecture")
@@ -405,7 +417,6 @@ def check_gguf_file(path: str | os.PathLike[str]) -> GGUFInfo:
         _token_list(info)
         _check_tokens_distinct(info)
     _check_float_weights(info)
-    return info
 
 
 # ---- targets -------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ class IncompleteOutput(ValueError):
 
 #: the types llama-speculative-simple chains with --spec-type (llama.cpp 0.3.36's names)
 CPP_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-                  "draft-mtp", "draft-dflash", "draft-dspark")
+                  "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 #: types that draft with the target's own weights: no draft file (-md)
 _NO_FILE_TYPES = ("draft-mtp",)
 
@@ -129,14 +129,20 @@ def run_driver(cmd: Sequence[str], parse: Callable[[str], T], *, timeout: float 
 
 
 def cpp_spec_type(draft: str) -> str:
-    """The C++ driver's --spec-type for a draft file: a Markov head makes it `draft-dspark`
-    (anchor-first blocks); an unreadable file is left for the driver to refuse."""
+    """The C++ driver's --spec-type for a draft file: an eagle3 file is `draft-eagle3`, a dflash
+    file `draft-dspark` with a Markov head (anchor-first blocks) else `draft-dflash`, any other
+    model `draft-simple`; an unreadable file is left for the driver to refuse."""
     from ..inspect import detect_algorithm, read_gguf
 
     try:
-        return "draft-dspark" if detect_algorithm(read_gguf(draft)) == "dspark" else "draft-dflash"
+        info = read_gguf(draft)
     except (OSError, ValueError):
         return "draft-dflash"
+    if info.architecture == "eagle3":
+        return "draft-eagle3"
+    if info.architecture != "dflash":
+        return "draft-simple"
+    return "draft-dspark" if detect_algorithm(info) == "dspark" else "draft-dflash"
 
 
 def run_cpp_reference(binary: str, model: str, draft: Optional[str], prompt: str, *, n_predict: int,

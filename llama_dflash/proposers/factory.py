@@ -1,19 +1,25 @@
 """From a `SpecConfig` to what drafts: its token drafters (n-gram types, our lookup) in chain order,
-the chain or `auto` around them and the draft model."""
+the chain or `auto` around them, and the draft model of a validated draft file."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
+from ..config import model_priority
+from ..draft_models import Eagle3Info, SimpleDraftInfo
 from .auto import AutoProposer
 from .base import Proposer, TokenDrafter
 from .chain import ChainProposer, ModelMember
+from .dflash import DFlashProposer
+from .eagle3 import Eagle3Proposer
 from .lookup import SuffixLookup
 from .ngram import NGRAM_TYPES, make_ngram_drafter
+from .simple import DEFAULT_AR_N_MAX, SimpleDraftProposer
 
 MAP_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")  # the types ngram_size_n/_m/min_hits set
 
-__all__ = ["build_token_drafters", "build_auto_lookup", "build_proposer", "draft_type_name", "LOOKUP_N_MAX"]
+__all__ = ["build_token_drafters", "build_auto_lookup", "build_proposer", "draft_type_name", "build_draft_model",
+           "draft_model_ceiling", "order_models", "LOOKUP_N_MAX"]
 
 LOOKUP_N_MAX = 16  # the lookup's longest draft when draft_n_max is "auto", and under `auto`
 
@@ -50,8 +56,33 @@ def build_token_drafters(spec) -> list[TokenDrafter]:
 
 
 def draft_type_name(algorithm: str) -> str:
-    """The speculative-type name of a draft model of this algorithm ("draft-dflash", "draft-dspark")."""
-    return "draft-dspark" if algorithm == "dspark" else "draft-dflash"
+    """The speculative-type name of a draft model of this algorithm ("draft-dflash", "draft-dspark",
+    "draft-eagle3", "draft-simple")."""
+    return {"dspark": "draft-dspark", "eagle3": "draft-eagle3", "simple": "draft-simple"}.get(algorithm,
+                                                                                           "draft-dflash")
+
+
+def build_draft_model(info, spec, target, stats) -> Proposer:
+    """The proposer of a validated draft file (`draft_models.resolve_draft`): a DFlash/DSpark/
+    DFlash2 draft, an EAGLE-3 head or a classic draft model, attached to `target`."""
+    if isinstance(info, Eagle3Info):
+        return Eagle3Proposer(info, spec, target, stats)
+    if isinstance(info, SimpleDraftInfo):
+        return SimpleDraftProposer(info, spec, target, stats)
+    return DFlashProposer(info, spec, target, stats)
+
+
+def draft_model_ceiling(info) -> int:
+    """The longest draft of a draft file's model under draft_n_max "auto": a DFlash block's
+    yield, an autoregressive draft's default length."""
+    limit = getattr(info, "max_draft_tokens", None)
+    return int(limit) if limit is not None else DEFAULT_AR_N_MAX
+
+
+def order_models(models: Sequence[tuple[str, Proposer]]) -> list[tuple[str, Proposer]]:
+    """`(name, model)` pairs in llama.cpp's priority (draft-simple, draft-eagle3, draft-mtp,
+    draft-dflash, draft-dspark): the order a chain asks them in."""
+    return sorted(models, key=lambda pair: model_priority(pair[0]))
 
 
 def build_proposer(spec, model: Union[None, Proposer, Sequence[tuple[str, Proposer]]],

@@ -12,7 +12,9 @@ llama.cpp that llama-cpp-python 0.3.36 vendors; checked against the files its ow
 * ``nemotron_h``: Mamba-2, attention and ReLU^2 FFN layers, no RoPE (layer ids up to n_layer
   can be extracted);
 * ``gemma4``: interleaved sliding-window / full attention with per-kind head sizes, sandwich
-  norms, proportional RoPE frequencies and a final logit soft-cap.
+  norms, proportional RoPE frequencies and a final logit soft-cap;
+* ``llama`` (not one of the preview's, `EXTRA_ARCHS`): plain attention layers, the target of the
+  classic-draft and EAGLE-3 fixtures (`ar_drafts.py`).
 
 Token embeddings and LM head follow `rig.make_rig` (the direct path continues t with succ[t]);
 every layer's output is scaled by `drift`, which sets how often the context pulls the target off
@@ -30,15 +32,17 @@ import numpy as np
 from ..writer import add_tiny_tokenizer, tiny_vocab
 from .rig import Rig, make_rig
 
-__all__ = ["ARCHS", "MTP_ARCHS", "TargetFixture", "write_target"]
+__all__ = ["ARCHS", "EXTRA_ARCHS", "MTP_ARCHS", "TargetFixture", "write_target"]
 
 ARCHS = ("qwen35", "qwen35moe", "muse-glimmer", "nemotron_h", "gemma4")
+#: further architectures `write_target` writes (not the preview's own)
+EXTRA_ARCHS = ("llama",)
 #: architectures whose fixture can carry an MTP (nextn) block that our engine drives
 MTP_ARCHS = ("qwen35", "qwen35moe")
 
 #: default drift per architecture: the target leaves the successor map at some steps, not most
 #: (measured with tests/test_arch_fixtures.py's drift check)
-DRIFT = {"qwen35": 0.6, "qwen35moe": 0.75, "muse-glimmer": 1.1, "nemotron_h": 0.55, "gemma4": 0.85}
+DRIFT = {"qwen35": 0.6, "qwen35moe": 0.75, "muse-glimmer": 1.1, "nemotron_h": 0.55, "gemma4": 0.85, "llama": 0.5}
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class TargetFixture:
     mtp_layers: int
     rig: Rig
     swa_window: int = 0
+    rig_seed: int = 101  # make_rig's seed: another model rigged with it has the same successor map
 
 
 class _Init:
@@ -80,8 +85,8 @@ def write_target(path: str, arch: str, *, n_layer: Optional[int] = None, mtp: bo
                  drift: Optional[float] = None, seed: int = 0, context_length: int = 4096,
                  swa_window: int = 24, head_gain: float = 1.0) -> TargetFixture:
     """Write a tiny rigged target of `arch` (see the module docstring) and describe it."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, not {arch!r}")
+    if arch not in _BUILDERS:
+        raise ValueError(f"arch must be one of {', '.join(_BUILDERS)}, not {arch!r}")
     if mtp and arch not in MTP_ARCHS:
         raise ValueError(f"the {arch} fixture has no MTP block (only {', '.join(MTP_ARCHS)})")
     import gguf
@@ -119,7 +124,7 @@ def write_target(path: str, arch: str, *, n_layer: Optional[int] = None, mtp: bo
     w.write_tensors_to_file()
     w.close()
     window = swa_window if arch in ("muse-glimmer", "gemma4") else 0
-    return TargetFixture(path, arch, n_layer, n_embd, n_mtp, rig, window)
+    return TargetFixture(path, arch, n_layer, n_embd, n_mtp, rig, window, seed + 101)
 
 
 # ---- building blocks ------------------------------------------------------------------------------
@@ -342,7 +347,24 @@ def _gemma4(w, t: dict, init: _Init, *, n_embd: int, n_layer: int, swa_window: i
         t[p + "post_ffw_norm.weight"] = init.vec(n_embd, init.drift)
 
 
+def _llama(w, t: dict, init: _Init, *, n_embd: int, n_layer: int, **_) -> None:
+    """Llama (src/models/llama.cpp): RMS-normed attention and SwiGLU layers, RoPE over whole heads."""
+    n_head, n_kv, hd, n_ff = 4, 2, 64, 384
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_dimension_count(hd)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = init.vec(n_embd)
+        _attention(t, init, p, n_embd, n_head, n_kv, hd, qk_norm=False)
+        t[p + "ffn_norm.weight"] = init.vec(n_embd)
+        _swiglu(t, init, p, n_embd, n_ff)
+
+
 _BUILDERS: dict[str, Callable[..., None]] = {
+    "llama": _llama,
     "qwen35": _qwen35,
     "qwen35moe": _qwen35moe,
     "muse-glimmer": _muse_glimmer,
