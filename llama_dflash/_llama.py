@@ -30,6 +30,7 @@ from .config import SPLIT_MODE_NAMES as SPLIT_MODES
 from .errors import LlamaCallError
 
 __all__ = ["Model", "Context", "BatchExt", "Placement", "placement_defaults", "ensure_backend", "set_verbose",
+           "seq_state", "set_seq_state",
            "recent_log_messages"]
 
 _backend_lock = threading.Lock()
@@ -474,6 +475,22 @@ class BatchExt(_Handle):
     def process(self) -> int:
         """Decode the batch on its context; returns llama.cpp's status code."""
         return int(ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_DECODE, self._ptr))
+
+
+def seq_state(ctx: int) -> bytes:
+    """Sequence 0's cache of a context, as llama.cpp serialises it (`llama_state_seq_get_data`)."""
+    size = int(ll.llama_state_seq_get_size(ctx, 0))
+    buf = (ctypes.c_uint8 * size)()
+    n = int(ll.llama_state_seq_get_data(ctx, buf, size, 0))
+    if n <= 0:
+        raise LlamaCallError("could not read the draft cache state")
+    return bytes(buf[:n])
+
+
+def set_seq_state(ctx: int, data: bytes) -> bool:
+    """Load what `seq_state` returned into sequence 0; False if llama.cpp refuses it."""
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    return int(ll.llama_state_seq_set_data(ctx, buf, len(data), 0)) > 0
 
 
 def cpu_has_amx() -> bool:

@@ -27,10 +27,10 @@ from typing import Optional, Union
 
 from .errors import IncompatibleModelError
 from .inspect import (DraftInfo, GGUFInfo, _check_d2t, _check_float_weights, _check_shape, _check_vocab,
-                      _entry, _layer_counts, check_gguf, get_bool, get_float, get_int, get_int_list,
+                      _entry, _layer_counts, check_gguf, check_target_file, get_bool, get_float, get_int, get_int_list,
                       get_per_layer, get_str, read_gguf, validate_pair, validate_target)
 
-__all__ = ["Eagle3Info", "SimpleDraftInfo", "AnyDraftInfo", "resolve_draft", "validate_eagle3_pair",
+__all__ = ["Eagle3Info", "SimpleDraftInfo", "AnyDraftInfo", "draft_label", "resolve_draft", "validate_draft_files", "validate_eagle3_pair",
            "validate_simple_pair", "check_vocab_compatible", "EAGLE3_N_LAYERS", "VOCAB_MAX_SIZE_DIFFERENCE",
            "VOCAB_CHECK_START"]
 
@@ -83,6 +83,20 @@ class SimpleDraftInfo:
 
 
 AnyDraftInfo = Union[DraftInfo, Eagle3Info, SimpleDraftInfo]
+
+
+def draft_label(info: AnyDraftInfo) -> str:
+    """What statistics call a draft model drafting alone: a DFlash-family draft its algorithm
+    ("dflash", "dspark"), the others their type ("draft-eagle3", "draft-simple")."""
+    return info.algorithm if isinstance(info, DraftInfo) else info.kind
+
+
+def validate_draft_files(target_path: "str | os.PathLike[str]", draft_path: "str | os.PathLike[str]",
+                         algorithm: str = "auto") -> tuple[GGUFInfo, AnyDraftInfo]:
+    """Both files checked before either reaches llama.cpp: the target as a model of its own, the
+    draft against it (`resolve_draft`)."""
+    target = check_target_file(target_path)
+    return target, resolve_draft(target, draft_path, algorithm)
 
 
 def resolve_draft(target: GGUFInfo, draft_path: "str | os.PathLike[str]", algorithm: str = "auto") -> AnyDraftInfo:

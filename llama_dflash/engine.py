@@ -9,7 +9,7 @@ from ._llama import Model, close_at_exit, set_verbose
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig, model_priority
 from .generate import DraftController, GenerationState, ordinary_generate, speculative_generate
-from .draft_models import AnyDraftInfo, resolve_draft
+from .draft_models import AnyDraftInfo, draft_label, resolve_draft
 from .inspect import DraftInfo, GGUFInfo, check_target_file
 from .proposers import DFlashProposer, Proposer
 from .proposers.auto import AutoProposer
@@ -258,8 +258,7 @@ class LlamaDFlashDecoding(_Decoder):
         if self._auto_type:
             return ",".join(["auto"] + models)
         if not self._token_drafters and len(models) == 1:
-            # a DFlash-family draft alone by its algorithm ("dflash", "dspark"), others by type
-            return self.draft_info.algorithm if isinstance(self.draft_info, DraftInfo) else models[0]
+            return draft_label(self.draft_info) if self.draft_info is not None else models[0]
         return ",".join([d.name for d in self._token_drafters] + models)
 
     def _draft_type_name(self) -> str:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from .cli import UsageError
+from .config import ALGORITHMS
 
 __all__ = ["configure", "run"]
 
@@ -22,9 +23,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     m = p.add_argument_group("models")
     m.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model; "
+    m.add_argument("--draft-model", help="draft GGUF: DFlash/DSpark, an EAGLE-3 head, or a classic draft model "
+                                         "with --spec-type draft-simple (default: the draft for the default model; "
                                          "none is loaded when --spec-type needs none)")
-    m.add_argument("--algorithm", choices=("auto", "dflash", "dspark", "dflash2"), default="auto")
+    m.add_argument("--algorithm", choices=ALGORITHMS, default="auto")
     d = p.add_argument_group("drafting")
     add_spec_type_args(d)
     d.add_argument("--draft-tokens", type=draft_tokens_arg, default="auto",
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from .bench.cli import (DEFAULT_SPEC_TYPE, _check_output_path, _wrap, resolve_models, spec_config,
                             spec_type_names, target_config)
     from .engine import LlamaDFlashDecoding, OrdinaryDecoding
-    from .inspect import check_target_file, validate_files
+    from .draft_models import validate_draft_files
+    from .inspect import check_target_file
     from .sampling import SamplingParams
 
     if args.max_tokens < 1:
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             args.spec_type = DEFAULT_SPEC_TYPE
         spec = spec_config(args, draft)
         if spec.draft_model is not None:
-            validate_files(model, spec.draft_model, spec.algorithm)
+            validate_draft_files(model, spec.draft_model, spec.algorithm)
         else:
             check_target_file(model)  # n-gram types and lookup: any architecture
     target = target_config(args, model)

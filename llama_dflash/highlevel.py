@@ -44,15 +44,17 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import _bindings as ext
-from ._llama import Context, Model, Placement, close_at_exit, cpu_has_amx, placement_defaults, set_verbose
+from ._llama import (Context, Model, Placement, close_at_exit, cpu_has_amx, placement_defaults, seq_state,
+                     set_seq_state, set_verbose)
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
 from .errors import LlamaCallError
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
-from .inspect import check_gguf_file, check_target, read_draft, validate_pair
-from .proposers import DFlashProposer, Proposer
-from .proposers.factory import build_proposer, draft_type_name
+from .draft_models import draft_label, resolve_draft
+from .inspect import check_gguf_file, check_target
+from .proposers import Proposer
+from .proposers.factory import build_draft_model, build_proposer, draft_model_ceiling, order_models
 from .proposers.mtp import MTPProposer, check_mtp_target
 from .rewind import is_recurrent_model, make_rewinder
 from .speculator import Speculator
@@ -221,13 +223,12 @@ class Llama(llama_cpp.Llama):
             if target_info is None:
                 raise ValueError(f"Model path does not exist: {model_path}")
             ext.check_symbols()
-            check_target(target_info)  # any architecture: layer inputs only for a draft model (validate_pair)
+            check_target(target_info)  # any architecture: layer inputs only for a draft model reading them
             if speculative.uses_mtp:
                 check_mtp_target(target_info)
             self._draft_info = None
             if speculative.uses_draft_model:
-                self._draft_info = validate_pair(target_info, read_draft(speculative.draft_model),
-                                                 speculative.algorithm)
+                self._draft_info = resolve_draft(target_info, speculative.draft_model, speculative.algorithm)
         with _model_params(self._repack, speculative is not None and speculative.uses_mtp):
             super().__init__(model_path, **kwargs)
         self.lora_path = lora_path
@@ -291,7 +292,7 @@ class Llama(llama_cpp.Llama):
         config = TargetConfig(self.model_path, n_ctx=max(16, ctx.n_ctx), n_batch=ctx.n_batch,
                               n_ubatch=ctx.n_ubatch, n_threads=self.n_threads)
         target = TargetContext(model, config, extract_layers=info.target_layers if info else (), ctx=ctx)
-        stats = SpecStats(algorithm=info.algorithm if info else ",".join(spec.spec_types))
+        stats = SpecStats(algorithm=draft_label(info) if info else ",".join(spec.spec_types))
         proposer = None
         mtp: Optional[MTPProposer] = None
         try:
@@ -304,12 +305,12 @@ class Llama(llama_cpp.Llama):
                     warnings.warn(msg, PlacementWarning, stacklevel=3)
                 # the draft's layer count comes from spec.draft_gpu_layers; the rest from here
                 with placement_defaults(on_draft.split_mode, on_draft.main_gpu, on_draft.tensor_split):
-                    proposer = DFlashProposer(info, spec, target, stats)
+                    proposer = build_draft_model(info, spec, target, stats)
                 self.placement["draft"] = proposer.model.placement
             models: list[tuple[str, Proposer]] = [("draft-mtp", mtp)] if mtp is not None else []
             if proposer is not None:
-                models.append((draft_type_name(info.algorithm), proposer))
-            drafting = build_proposer(spec, models)
+                models.append((info.kind, proposer))
+            drafting = build_proposer(spec, order_models(models))
             if drafting is mtp:
                 stats.algorithm = "draft-mtp"
             elif drafting is not proposer:
@@ -328,7 +329,7 @@ class Llama(llama_cpp.Llama):
             raise
         controller = None
         if spec.adaptive and info is not None and drafting is proposer:
-            controller = AdaptiveController(info.max_draft_tokens, shadow_probes=True)
+            controller = AdaptiveController(draft_model_ceiling(info), shadow_probes=True)
         elif spec.adaptive and mtp is not None and drafting is mtp:
             controller = AdaptiveController(mtp.n_max, shadow_probes=True)
         # input_ids is sized by the n_ctx asked for, which llama.cpp may round up for the cache
@@ -566,8 +567,13 @@ class Llama(llama_cpp.Llama):
         if spec is not None and spec.draft is not None:
             spec.commit(self.n_tokens)
             spec.rollback(self.n_tokens)
-            spec.draft.flush()
-            state.dflash_draft = (_seq_state(spec.draft.ctx.ptr), spec.draft_end)  # type: ignore[attr-defined]
+            draft = spec.draft
+            if hasattr(draft, "get_state"):  # what it keeps beyond its cache (an EAGLE-3 head's g rows)
+                saved = draft.get_state()
+            else:
+                draft.flush()
+                saved = seq_state(draft.ctx.ptr)
+            state.dflash_draft = (saved, spec.draft_end)  # type: ignore[attr-defined]
         state.dflash_cache = (self._cache_end, self._eval_end, self._outputs_from)  # type: ignore[attr-defined]
         return state
 
@@ -581,7 +587,10 @@ class Llama(llama_cpp.Llama):
             return
         spec.clear()
         draft = getattr(state, "dflash_draft", None)
-        if draft is not None and spec.draft is not None and _set_seq_state(spec.draft.ctx.ptr, draft[0]):
+        if draft is None or spec.draft is None:
+            return
+        model = spec.draft
+        if model.set_state(draft[0]) if hasattr(model, "set_state") else set_seq_state(model.ctx.ptr, draft[0]):
             spec.draft_end = int(draft[1])
 
     def __getstate__(self) -> dict[str, Any]:
@@ -593,18 +602,4 @@ class Llama(llama_cpp.Llama):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
-
-
-def _seq_state(ctx: int) -> bytes:
-    size = int(ll.llama_state_seq_get_size(ctx, 0))
-    buf = (ctypes.c_uint8 * size)()
-    n = int(ll.llama_state_seq_get_data(ctx, buf, size, 0))
-    if n <= 0:
-        raise LlamaCallError("could not read the draft cache state")
-    return bytes(buf[:n])
-
-
-def _set_seq_state(ctx: int, data: bytes) -> bool:
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    return int(ll.llama_state_seq_set_data(ctx, buf, len(data), 0)) > 0
 

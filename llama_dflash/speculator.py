@@ -45,19 +45,21 @@ class _Block:
 class Speculator:
     """Draft proposals for `llama_cpp.Llama.generate` (its `draft_model` interface).
 
-    Owns the DFlash proposer (its context and model), if any, the other models in `owned` (the
-    target's MTP head) and the rewinder; borrows the target.  `proposer` is the draft model itself, or a chain / `auto` of token drafters (n-gram,
-    lookup) with the draft model (`draft`) as a member or without one (`draft` None).
+    Owns the draft model's proposer (its context and model), if any, the other models in `owned`
+    (the target's MTP head) and the rewinder; borrows the target.  `proposer` is the draft model
+    itself, or a chain / `auto` of token drafters (n-gram, lookup) with the draft model (`draft`)
+    as a member or without one (`draft` None).
     """
 
     def __init__(self, target: TargetContext, proposer: Proposer, rewinder: Rewinder,
                  controller: Optional[AdaptiveController], stats: SpecStats, *, max_positions: int = 0,
-                 draft: Optional[DFlashProposer] = None, owned: Sequence[Proposer] = ()):
+                 draft: Optional[Proposer] = None, owned: Sequence[Proposer] = ()):
         self.target = target
         self.owned = tuple(owned)  # further models it owns (the target's MTP head)
         self.max_positions = max_positions or target.n_ctx
-        # the DFlash/DSpark context (stats, cache state); None: token drafters only
-        self.draft: Optional[DFlashProposer] = draft if draft is not None else (
+        # the draft model (DFlash/DSpark, EAGLE-3 head, classic draft: stats, cache state); None:
+        # token drafters only
+        self.draft: Optional[Proposer] = draft if draft is not None else (
             proposer if isinstance(proposer, DFlashProposer) else None)
         self.proposer: Proposer = proposer  # what proposes: the draft, a chain, or a test's scripted wrapper
         # a drafter without a model reads no features, so drafting needs no injected prefix

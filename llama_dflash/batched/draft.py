@@ -37,6 +37,7 @@ from ..errors import IncompatibleModelError, LlamaCallError
 from ..inspect import DraftInfo
 from ..proposers.dflash import CANDIDATES, _backend_sampling_choice, _report_fallback, selector_walk
 from ..target import float_view
+from .prompt_cache import load_seq_state, save_seq_state
 
 __all__ = ["BatchedDraft", "Block"]
 
@@ -49,6 +50,7 @@ class Block:
     id_last: int
     pos: int
     tokens: Optional[list[int]] = None  # the proposal, filled by `BatchedDraft.propose`
+    n: int = 0  # the step's budget for this block (0: none); autoregressive drafts stop there
 
 
 class BatchedDraft:
@@ -184,8 +186,9 @@ class BatchedDraft:
         self.model.close()
 
     # ---- features -------------------------------------------------------------------------------
-    def inject(self, seq_id: int, pos0: int, features: np.ndarray) -> None:
-        """Queue `features` (rows for positions pos0.., C-contiguous float32, not modified later)."""
+    def inject(self, seq_id: int, pos0: int, features: np.ndarray, tokens: Sequence[int] = ()) -> None:
+        """Queue `features` (rows for positions pos0.., C-contiguous float32, not modified later);
+        the rows' `tokens` are not needed (the draft reads features only)."""
         if features.shape[0] == 0:
             return
         self._pending.append((seq_id, pos0, features))
@@ -236,6 +239,18 @@ class BatchedDraft:
         self._pending = kept
         self._pending_rows = sum(f.shape[0] for _, _, f in kept)
         self.ctx.seq_rm(seq_id, n_keep, -1)
+
+    def resume_point(self, seq_id: int, n_keep: int) -> int:
+        """The longest prefix <= n_keep the slot's draft can resume from: its cells are features."""
+        return n_keep
+
+    def save_slot(self, seq_id: int):
+        """The slot's cells for the prompt cache (queued features written first); None if none."""
+        self.flush()
+        return save_seq_state(self.ctx.ptr, seq_id)
+
+    def load_slot(self, seq_id: int, saved) -> bool:
+        return load_seq_state(self.ctx.ptr, seq_id, saved)
 
     def fits(self, pos: int, n_ctx_seq: int) -> bool:
         """Whether a block at `pos` fits the slot (its cells must exist)."""

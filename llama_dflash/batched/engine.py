@@ -51,12 +51,14 @@ from .. import _bindings as ext
 from .._llama import BatchExt, Context, Model
 from ..errors import LlamaCallError
 from ..generate import check_token_ids
-from ..inspect import check_gguf_file, read_draft, validate_pair
+from ..draft_models import Eagle3Info, SimpleDraftInfo, resolve_draft
+from ..inspect import check_gguf_file
 from ..proposers.base import TokenDrafter
-from ..proposers.factory import build_token_drafters, draft_type_name
+from ..proposers.factory import build_token_drafters
 from ..rewind import is_recurrent_model
 from ..sampling import Sampler, SamplingParams
 from ..target import FLASH_ATTN_TYPES, float_view
+from .ar_draft import BatchedEagle3Draft, BatchedSimpleDraft
 from .draft import BatchedDraft, Block
 from .lengths import StepLengths
 from .prompt_cache import PromptCache, load_seq_state, save_seq_state
@@ -295,12 +297,12 @@ class BatchedEngine:
         if self.spec is not None and self.spec.uses_draft_model:
             ext.check_symbols()
             # both files checked in Python first: llama.cpp aborts the process on several mismatches
-            draft_info = validate_pair(check_gguf_file(os.fspath(model) if self._own_model else model.path),
-                                       read_draft(self.spec.draft_model), self.spec.algorithm)
-            # the draft's type as llama.cpp names it ("draft" given: draft-dflash or draft-dspark)
-            self.algorithm = ",".join(self.spec.token_types + (draft_type_name(draft_info.algorithm),))
+            draft_info = resolve_draft(check_gguf_file(os.fspath(model) if self._own_model else model.path),
+                                       self.spec.draft_model, self.spec.algorithm)
+            # the draft's type as llama.cpp names it ("draft" given: the file's type)
+            self.algorithm = ",".join(self.spec.token_types + (draft_info.kind,))
         self.model = Model(os.fspath(model), n_gpu_layers=n_gpu_layers) if self._own_model else model
-        self.draft: Optional[BatchedDraft] = None
+        self.draft: Any = None  # BatchedDraft, BatchedSimpleDraft or BatchedEagle3Draft
         self.lengths: Optional[StepLengths] = None
         self.ctx = None
         self.batch = None
@@ -329,9 +331,10 @@ class BatchedEngine:
                 for lid in self._layers:
                     ext.llama_set_embeddings_layer_inp(self.ctx.ptr, lid, True)
                 self._layer_inp = ext.llama_get_embeddings_layer_inp_addr.resolve()
-                self.draft = BatchedDraft(draft_info, self.spec, self.model, self.ctx, n_seq=n_seq,
-                                          n_ctx_seq=n_ctx_seq, n_threads=self.spec.draft_n_threads or threads,
-                                          n_gpu_layers=n_gpu_layers)
+                kind = (BatchedEagle3Draft if isinstance(draft_info, Eagle3Info) else
+                        BatchedSimpleDraft if isinstance(draft_info, SimpleDraftInfo) else BatchedDraft)
+                self.draft = kind(draft_info, self.spec, self.model, self.ctx, n_seq=n_seq, n_ctx_seq=n_ctx_seq,
+                                  n_threads=self.spec.draft_n_threads or threads, n_gpu_layers=n_gpu_layers)
                 self.lengths = StepLengths(self.draft.n_max, None if self.spec.adaptive else self.draft.n_max)
                 self.draft_n_max = max(self.draft.n_max, self.token_n_max if build_token_drafters(self.spec) else 0)
         except BaseException:
@@ -548,6 +551,8 @@ class BatchedEngine:
         b, sid, prompt = self.batch, seq.seq_id, seq.prompt
         n = len(prompt)
         n_keep = self._reuse(sid, prompt)
+        if self.draft is not None:  # (an EAGLE-3 head resumes only where it kept the features)
+            n_keep = self.draft.resume_point(sid, n_keep)
         self.ctx.seq_rm(sid, n_keep, -1)
         if self.draft is not None:
             self.draft.truncate(sid, n_keep)
@@ -568,7 +573,7 @@ class BatchedEngine:
                                      f"(llama_process returned {rc})")
             n_rows = len(chunk)
             if self.draft is not None:
-                self.draft.inject(sid, start, self._features(0, n_rows))
+                self.draft.inject(sid, start, self._features(0, n_rows), chunk)
             seq.history = list(prompt[:start + n_rows])
         seq.stats.prefill_seconds = time.perf_counter() - t0
         self.prefill_seconds += seq.stats.prefill_seconds
@@ -598,12 +603,11 @@ class BatchedEngine:
         return min(n_keep, len(prompt) - 1)
 
     def _save_slot(self, sid: int, tokens: list[int]) -> None:
-        if self.draft is not None:
-            self.draft.flush()  # the slot's queued features belong in the state saved
         target = save_seq_state(self.ctx.ptr, sid)
         if target is None:
             return
-        draft = save_seq_state(self.draft.ctx.ptr, sid) if self.draft is not None else None
+        # (queued rows are written first: they belong in the state saved)
+        draft = self.draft.save_slot(sid) if self.draft is not None else None
         self.prompt_cache.put(tokens, target, draft)
 
     def _load_slot(self, sid: int, entry: Any) -> bool:
@@ -613,7 +617,7 @@ class BatchedEngine:
         if self.draft is not None:
             self.draft.truncate(sid, 0)
             if entry.draft is not None:  # without it the draft lacks the prefix's features: weaker drafts, same answers
-                load_seq_state(self.draft.ctx.ptr, sid, entry.draft)
+                self.draft.load_slot(sid, entry.draft)
         return True
 
     def _commit_token(self, seq: Sequence_, tok: int) -> bool:
@@ -659,7 +663,7 @@ class BatchedEngine:
             if room <= 0 or not self.draft.fits(pos, self.n_ctx_seq):
                 continue
             budget -= room
-            blocks.append((i, Block(seq.seq_id, seq.last, pos)))
+            blocks.append((i, Block(seq.seq_id, seq.last, pos, n=room)))
             rooms.append(room)
         if not blocks:
             return 0, 0.0
@@ -728,8 +732,8 @@ class BatchedEngine:
                 if ended or i == len(drafts) or tok != drafts[i]:
                     break
                 n_acc += 1
-            if self.draft is not None:  # the committed rows' features, for the draft's stream of this slot
-                self.draft.inject(seq.seq_id, pos, self._features(first, n_acc + 1))
+            if self.draft is not None:  # the committed rows (features, tokens), for the draft's stream of this slot
+                self.draft.inject(seq.seq_id, pos, self._features(first, n_acc + 1), seq.history[pos:pos + n_acc + 1])
             if drafts:
                 st = seq.stats
                 st.drafted += len(drafts)

