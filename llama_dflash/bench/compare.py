@@ -1,12 +1,13 @@
 """`llama-dflash bench --compare-speculators`: which speculator for this model, on this machine?
 
-Every speculator that applies to the target -- its own MTP head, each draft file given, our
-lookup, llama.cpp's n-gram types, `auto` over all of them -- runs on the same prompts, one after
-another per prompt (machine drift hits them alike), against ordinary decoding.  For each: tau
-(tokens per verification step), decode tokens/s and the speedup (prompt processing excluded on
-both sides), whether the output equals ordinary decoding, and the cost model's verdict: a step
-of the speculator costs `cost` ordinary decodes (its draft plus the target's verification of
-k+1 rows) and yields tau tokens, so it pays where tau > cost.  What does not apply is listed
+Every speculator that applies to the target -- its own MTP head, each draft file given (DFlash,
+DSpark, an EAGLE-3 head, a classic draft model as draft-simple) alone and chained behind
+ngram-simple, our lookup, llama.cpp's n-gram types, `auto` over all of them -- runs on the same
+prompts, one after another per prompt (machine drift hits them alike), against ordinary decoding.
+For each: tau (tokens per verification step), decode tokens/s and the speedup (prompt processing
+excluded on both sides), whether the output equals ordinary decoding, and the cost model's
+verdict: a step of the speculator costs `cost` ordinary decodes (its draft plus the target's
+verification of k+1 rows) and yields tau tokens, so it pays where tau > cost.  What does not apply is listed
 with the reason (a target without an MTP head, a draft for another target, ...).
 """
 
@@ -20,8 +21,8 @@ from .._llama import Model
 from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..errors import DFlashError
-from ..inspect import check_gguf_file, read_draft, validate_pair
-from ..proposers.factory import draft_type_name
+from ..draft_models import resolve_draft
+from ..inspect import check_gguf_file, get_str, read_gguf
 from ..proposers.mtp import check_mtp_target
 from ..sampling import SamplingParams
 from ..stats import SpecStats
@@ -123,22 +124,33 @@ def applicable_speculators(target: str, drafts: Sequence[str] = (), *, draft_tok
         cands.append(Candidate("draft-mtp", SpecConfig(spec_type="draft-mtp", draft_n_max=draft_tokens)))
     except DFlashError as e:
         skipped.append(("draft-mtp", getattr(e, "expected", str(e))))
-    first_draft: Optional[str] = None
+    first_draft: Optional[tuple[str, str]] = None  # (path, type)
     for path in drafts:
         label = os.path.basename(path)
         try:
-            d = validate_pair(info, read_draft(path))
+            d = resolve_draft(info, path, _draft_algorithm(path))
         except DFlashError as e:
             skipped.append((label, str(e)))
             continue
-        cands.append(Candidate(f"{draft_type_name(d.algorithm)} ({label})", SpecConfig(path, draft_n_max=draft_tokens)))
-        first_draft = first_draft or path
+        cands.append(Candidate(f"{d.kind} ({label})", SpecConfig(path, spec_type=d.kind, draft_n_max=draft_tokens)))
+        chain = f"ngram-simple,{d.kind}"  # llama.cpp's own chain: the n-gram first, the model where it has no match
+        cands.append(Candidate(f"{chain} ({label})", SpecConfig(path, spec_type=chain, draft_n_max=draft_tokens)))
+        first_draft = first_draft or (path, d.kind)
     for name in ngram_types:
         cands.append(Candidate(name, SpecConfig(spec_type=name)))
-    auto_types = "auto" + (",draft-mtp" if mtp else "")
-    cands.append(Candidate(auto_types + (",draft" if first_draft else ""),
-                           SpecConfig(first_draft, spec_type=auto_types)))
+    auto_types = "auto" + (",draft-mtp" if mtp else "") + (f",{first_draft[1]}" if first_draft else "")
+    cands.append(Candidate(auto_types, SpecConfig(first_draft[0] if first_draft else None, spec_type=auto_types)))
     return cands, skipped
+
+
+def _draft_algorithm(path: str) -> str:
+    """How to read a draft file here: by its own type (dflash, eagle3), else as a classic draft
+    model (any other architecture); an unreadable file is left to `resolve_draft` to refuse."""
+    try:
+        arch = get_str(read_gguf(path), "general.architecture", "")
+    except DFlashError:
+        return "auto"
+    return "auto" if arch in ("dflash", "eagle3", "") else "simple"
 
 
 def _timed(dec: Any, prompt: list[int], max_tokens: int, sampling: SamplingParams, ignore_eos: bool):

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..writer import copy_tokenizer_fields
+from ..writer import copy_tokenizer_fields, tiny_vocab
 from .drafts import default_target_layers
 from .rig import Layout, make_rig
 from .targets import TargetFixture
@@ -42,14 +42,22 @@ def eagle3_target_layers(fx: TargetFixture) -> list[int]:
 
 
 def write_rigged_simple_draft(path: str, fx: TargetFixture, *, n_embd: int = 64, n_layer: int = 2,
-                              drift: float = 0.35, seed: int = 7, tokenizer_from: Optional[str] = None,
-                              context_length: int = 4096) -> str:
-    """A tiny llama drafting along the fixture's successor map (see the module docstring).
-    `tokenizer_from`: the GGUF whose tokenizer it carries (default: the target's)."""
+                              drift: float = 0.35, seed: int = 7, context_length: int = 4096,
+                              token_edits: Optional[dict[int, str]] = None, extra_tokens: int = 0,
+                              bos_token_id: Optional[int] = None) -> str:
+    """A tiny llama drafting along the fixture's successor map (see the module docstring), with
+    the target's tokenizer -- or one changed for tests of llama.cpp's vocabulary rule:
+    `token_edits` (id -> new text), `extra_tokens` appended, another `bos_token_id`."""
     import gguf
 
-    rig = make_rig(fx.rig.token_embd.shape[0], n_embd, seed=fx.rig_seed, head_gain=1.0)
-    if not np.array_equal(rig.succ, fx.rig.succ):
+    tokens, scores, types = tiny_vocab()
+    for i, text in (token_edits or {}).items():
+        tokens[i] = text
+    tokens += [f"<extra_{i}>" for i in range(extra_tokens)]
+    scores += [0.0] * extra_tokens
+    types += [int(gguf.TokenType.USER_DEFINED)] * extra_tokens
+    rig = make_rig(len(tokens), n_embd, seed=fx.rig_seed, head_gain=1.0)
+    if not extra_tokens and not np.array_equal(rig.succ, fx.rig.succ):
         raise AssertionError("the draft's successor map differs from the target's")
     rng = np.random.default_rng(seed)
     n_head, n_kv, n_ff = 4, 2, 128
@@ -71,7 +79,10 @@ def write_rigged_simple_draft(path: str, fx: TargetFixture, *, n_embd: int = 64,
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    copy_tokenizer_fields(w, tokenizer_from or fx.path)
+    if token_edits or extra_tokens or bos_token_id is not None:
+        _tiny_tokenizer(w, tokens, scores, types, bos_token_id)
+    else:
+        copy_tokenizer_fields(w, fx.path)
     tensors = {"token_embd.weight": rig.token_embd, "output_norm.weight": np.ones(n_embd, np.float32),
                "output.weight": rig.output}
     for i in range(n_layer):
@@ -164,6 +175,20 @@ def write_rigged_eagle3(path: str, fx: TargetFixture, *, target_layers: Optional
     copy_tokenizer_fields(w, fx.path)
     _write(w, w_)
     return path
+
+
+def _tiny_tokenizer(w, tokens: list[str], scores: list[float], types: list[int], bos_token_id: Optional[int]) -> None:
+    """`writer.add_tiny_tokenizer`'s fields with these token lists (and BOS id)."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1 if bos_token_id is None else bos_token_id)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
 
 
 def _write(w, tensors: dict[str, np.ndarray]) -> None:

@@ -37,10 +37,11 @@ def test_a_qwen35_target_with_a_dflash_draft_prints_mtp_dflash_lookup_and_auto(q
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     rows = {row["name"]: row for row in data["speculators"]}
-    assert {"draft-mtp", "draft-dflash (q.dflash.gguf)", "lookup", "auto,draft-mtp,draft"} <= set(rows)
+    assert {"draft-mtp", "draft-dflash (q.dflash.gguf)", "lookup", "auto,draft-mtp,draft-dflash"} <= set(rows)
     assert all(row["output_matches"] for row in rows.values())
     assert rows["draft-mtp"]["accepted"] > 0 and rows["draft-dflash (q.dflash.gguf)"]["accepted"] > 0
-    for name in ("draft-mtp", "draft-dflash (q.dflash.gguf)", "lookup", "auto,draft-mtp,draft"):
+    for name in ("draft-mtp", "draft-dflash (q.dflash.gguf)", "ngram-simple,draft-dflash (q.dflash.gguf)", "lookup",
+                 "auto,draft-mtp,draft-dflash"):
         assert name in r.stdout and rows[name]["verdict"].split(":")[0] in ("pays", "loses", "never drafted here (no match, or its cost model chose no draft at every step)")
     assert data["winner"] is None or data["winner"] in rows
     assert "winner:" in r.stdout
