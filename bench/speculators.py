@@ -1,6 +1,10 @@
 """Every speculative type side by side: llama.cpp's n-gram types, chains, our lookup and auto.
 
     . .venv/bin/activate && python bench/speculators.py [--tokens 128] [--prompts 3] [--json PATH]
+        [--draft EAGLE3_OR_CLASSIC_DRAFT.gguf ...]
+
+Each --draft (an EAGLE-3 head, a classic draft model with SmolLM2's vocabulary, another
+DFlash/DSpark draft) joins the table as its type alone and behind ngram-simple (draft tokens 4).
 
 SmolLM2-135M-Instruct with the shipped DSpark draft, greedy, on prompts the lookup was not tuned
 on: the held-out copy-heavy set (edit a function, JSON->YAML, CSV->Markdown, repeat a paragraph
@@ -50,6 +54,16 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+def _draft_kind(target: str, draft: str) -> str:
+    """A draft file's speculative type: its own (dflash, eagle3), else a classic draft model."""
+    from llama_dflash.draft_models import resolve_draft
+    from llama_dflash.inspect import check_target_file, read_gguf
+
+    info = check_target_file(target)
+    algorithm = "auto" if read_gguf(draft).architecture in ("dflash", "eagle3") else "simple"
+    return resolve_draft(info, draft, algorithm).kind
+
+
 def _workloads(n: int) -> dict[str, list]:
     copy = [p for cat, ps in COPY_HEAVY_HELDOUT.items() if cat != CONTROL_WORKLOAD for p in ps[:n]]
     chat_file = os.path.join(ROOT, "llama_dflash", "drafts", "heldout_chat.jsonl")
@@ -64,6 +78,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of " + ", ".join(CONFIGS))
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--draft", action="append", default=[], metavar="PATH",
+                    help="another draft file (EAGLE-3, classic, DFlash/DSpark): its type alone and chained")
     args = ap.parse_args()
 
     path = smollm2_path()
@@ -76,6 +92,12 @@ def main() -> None:
         uses_draft = "draft" in kw["spec_type"] or kw["spec_type"].startswith("auto")
         engines[name] = LlamaDFlashDecoding(tcfg, SpecConfig(draft if uses_draft else None, **kw),
                                             model=ordinary._model)
+    for extra in args.draft:
+        kind = _draft_kind(path, extra)
+        label = os.path.basename(extra)
+        for spec_type in (kind, f"ngram-simple,{kind}"):
+            engines[f"{spec_type} ({label})"] = LlamaDFlashDecoding(
+                tcfg, SpecConfig(extra, spec_type=spec_type, draft_n_max=4), model=ordinary._model)
     results: dict[str, dict[str, dict]] = {}
     mismatches: list[str] = []
     t_start = time.perf_counter()
@@ -113,7 +135,8 @@ def main() -> None:
     for wl, rows in results.items():
         base = rows["ordinary"]
         print(f"\n[{wl}: {len(rows['ordinary']['ratios'])} prompts x {args.tokens} tokens]")
-        print(f"  {'speculator':<20} {'tau':>5} {'accept':>7} {'speedup':>8} {'median':>7}")
+        width = max(20, *(len(name) for name in rows))
+        print(f"  {'speculator':<{width}} {'tau':>5} {'accept':>7} {'speedup':>8} {'median':>7}")
         out[wl] = {}
         for name, r in rows.items():
             tau = r["tokens"] / r["steps"] if r["steps"] else 0.0
@@ -122,7 +145,7 @@ def main() -> None:
             med = statistics.median(r["ratios"])
             out[wl][name] = {"tau": tau, "acceptance": acc, "speedup": speed, "median_speedup": med,
                              "tokens": r["tokens"], "drafted": r["drafted"], "accepted": r["accepted"]}
-            print(f"  {name:<20} {tau:5.2f} {acc:7.1%} {speed:7.3f}x {med:6.3f}x")
+            print(f"  {name:<{width}} {tau:5.2f} {acc:7.1%} {speed:7.3f}x {med:6.3f}x")
     print("\noutputs identical to ordinary decoding:", "yes" if not mismatches else "NO: " + "; ".join(mismatches))
     if args.json:
         with open(args.json, "w") as fh:

@@ -317,3 +317,30 @@ def test_cli_refusals_are_one_line_and_exit_2(files, args, words):
                         "--prompt", PROMPT, "--max-tokens", "8"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and words in r.stderr
+
+
+# ---- one table of every speculator -------------------------------------------------------------------
+
+def test_compare_speculators_runs_both_kinds_side_by_side_per_workload(files):
+    """`bench --compare-speculators` measures a classic draft and an EAGLE-3 head, alone and behind
+    ngram-simple, with the cost model's verdict, and breaks tau / speedup down by workload."""
+    from llama_dflash.bench.compare import applicable_speculators, compare_speculators, format_comparison
+
+    cands, skipped = applicable_speculators(files["target"], [files["draft-simple"], files["draft-eagle3"]],
+                                            draft_tokens=4, ngram_types=("lookup",))
+    names = [c.name for c in cands]
+    assert names == ["draft-simple (simple.gguf)", "ngram-simple,draft-simple (simple.gguf)",
+                     "draft-eagle3 (eagle3.gguf)", "ngram-simple,draft-eagle3 (eagle3.gguf)", "lookup",
+                     "auto,draft-simple"]
+    assert [n for n, _ in skipped] == ["draft-mtp"]
+    prompts = [PROMPT, "a b c d e f g a b c d e f g a b"]
+    result = compare_speculators(_cfg(files["target"]), cands, prompts, max_tokens=24, warmup_tokens=0,
+                                 labels=["prose", "copy"])
+    table = format_comparison(result)
+    data = result.to_dict()
+    rows = {row["name"]: row for row in data["speculators"]}
+    for name in names[:4]:
+        assert rows[name]["output_matches"] and rows[name]["accepted"] > 0, name
+        assert rows[name]["verdict"].split(":")[0] in ("pays", "loses") and name in table
+    assert set(data["by_workload"]) == {"prose", "copy"} and "by workload (tau / speedup):" in table
+    assert data["by_workload"]["prose"]["draft-eagle3 (eagle3.gguf)"]["tau"] > 1.0

@@ -526,10 +526,12 @@ def _run_compare(args: argparse.Namespace) -> int:
         drafts = [default_draft_path(model)]
     candidates, skipped = applicable_speculators(model, drafts, draft_tokens=args.draft_tokens)
     target = target_config(args, model)
+    labels = None
     if args.prompt_file:
         prompts = load_prompt_file(args.prompt_file)
-    elif args.workload == "all":
-        prompts = [p for name in WORKLOADS for p in workload_prompts(name)]
+    elif args.workload == "all":  # every workload, with a tau / speedup column each
+        pairs = [(name, p) for name in WORKLOADS for p in workload_prompts(name)]
+        labels, prompts = [n for n, _ in pairs], [p for _, p in pairs]
     elif args.workload:
         prompts = workload_prompts(args.workload)
     else:
@@ -540,7 +542,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         result = compare_speculators(target, candidates, prompts, max_tokens=args.max_tokens, runs=args.runs,
                                      ignore_eos=args.ignore_eos, warmup_tokens=args.warmup_tokens,
                                      sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-                                     not_applicable=skipped,
+                                     not_applicable=skipped, labels=labels,
                                      progress=(lambda _msg: bar.update(1)) if bar is not None else None)
     finally:
         if bar is not None:

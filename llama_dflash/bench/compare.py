@@ -67,9 +67,11 @@ class Comparison:
     ordinary: SpeculatorResult
     results: list[SpeculatorResult]
     not_applicable: list[tuple[str, str]]
+    #: per workload (prompt label): ordinary decoding's result and each speculator's, by name
+    by_workload: dict[str, tuple[SpeculatorResult, dict[str, SpeculatorResult]]] = field(default_factory=dict)
 
-    def speedup(self, r: SpeculatorResult) -> float:
-        base = self.ordinary.tokens_per_second
+    def speedup(self, r: SpeculatorResult, ordinary: Optional[SpeculatorResult] = None) -> float:
+        base = (ordinary or self.ordinary).tokens_per_second
         return r.tokens_per_second / base if base > 0 else 0.0
 
     def step_cost(self, r: SpeculatorResult) -> float:
@@ -103,9 +105,13 @@ class Comparison:
                          "step_cost_ordinary_decodes": self.step_cost(r), "output_matches": r.mismatches == 0,
                          "verdict": self.verdict(r)})
         w = self.winner
+        by_workload = {label: {name: {"tau": r.stats.tau, "speedup": self.speedup(r, base),
+                                      "acceptance_rate": r.stats.acceptance_rate, "output_matches": r.mismatches == 0}
+                               for name, r in results.items()}
+                       for label, (base, results) in self.by_workload.items()}
         return {"target": self.target, "prompts": self.prompts, "runs": self.runs, "max_tokens": self.max_tokens,
                 "ordinary_tokens_per_second": self.ordinary.tokens_per_second, "speculators": rows,
-                "winner": w.name if w is not None else None,
+                "winner": w.name if w is not None else None, "by_workload": by_workload,
                 "not_applicable": [{"name": n, "reason": why} for n, why in self.not_applicable]}
 
 
@@ -163,8 +169,12 @@ def compare_speculators(target: TargetConfig, candidates: Sequence[Candidate], p
                         max_tokens: int, runs: int = 1, ignore_eos: bool = False,
                         sampling: Optional[SamplingParams] = None, warmup_tokens: int = 16,
                         not_applicable: Sequence[tuple[str, str]] = (),
-                        progress: Optional[Callable[[str], None]] = None) -> Comparison:
-    """Load the target once; per run and prompt, ordinary decoding then every candidate."""
+                        progress: Optional[Callable[[str], None]] = None,
+                        labels: Optional[Sequence[str]] = None) -> Comparison:
+    """Load the target once; per run and prompt, ordinary decoding then every candidate.
+    `labels`: each prompt's workload, for a per-workload breakdown (`Comparison.by_workload`)."""
+    if labels is not None and len(labels) != len(prompts):
+        raise ValueError("give one workload label per prompt")
     sampling = sampling or SamplingParams()
     note = progress or (lambda _msg: None)
     model = Model(target.model, n_gpu_layers=target.n_gpu_layers, repack=target.repack,
@@ -181,23 +191,28 @@ def compare_speculators(target: TargetConfig, candidates: Sequence[Candidate], p
                 dec.generate(toks[0], warmup_tokens, sampling, ignore_eos=ignore_eos)
         ordinary = SpeculatorResult("ordinary")
         results = {c.name: SpeculatorResult(c.name) for c in candidates}
+        per: dict[str, tuple[SpeculatorResult, dict[str, SpeculatorResult]]] = {}
         for _ in range(runs):
-            for prompt in toks:
+            for i, prompt in enumerate(toks):
+                label = labels[i] if labels is not None else ""
+                if labels is not None and label not in per:
+                    per[label] = (SpeculatorResult("ordinary"), {c.name: SpeculatorResult(c.name) for c in candidates})
                 ref, secs, _s = _timed(ordinary_dec, prompt, max_tokens, sampling, ignore_eos)
-                ordinary.tokens += len(ref)
-                ordinary.decode_seconds += secs
-                ordinary.generations += 1
+                for o in (ordinary, *([per[label][0]] if labels is not None else [])):
+                    o.tokens += len(ref)
+                    o.decode_seconds += secs
+                    o.generations += 1
                 for name, dec in engines.items():
                     out, secs, stats = _timed(dec, prompt, max_tokens, sampling, ignore_eos)
-                    r = results[name]
-                    r.tokens += len(out)
-                    r.decode_seconds += secs
-                    r.generations += 1
-                    r.mismatches += int(out != ref)
-                    r.stats.merge(stats)
+                    for r in (results[name], *([per[label][1][name]] if labels is not None else [])):
+                        r.tokens += len(out)
+                        r.decode_seconds += secs
+                        r.generations += 1
+                        r.mismatches += int(out != ref)
+                        r.stats.merge(stats)
                 note("prompt done")
         return Comparison(target.model, len(prompts), runs, max_tokens, ordinary, list(results.values()),
-                          list(not_applicable))
+                          list(not_applicable), per)
     finally:
         for dec in engines.values():
             dec.close()
@@ -221,6 +236,18 @@ def format_comparison(c: Comparison) -> str:
     w = c.winner
     lines.append("  winner: " + (f"{w.name} ({c.speedup(w):.2f}x ordinary decoding)" if w is not None else
                                  "none: no speculator beats ordinary decoding here"))
+    if len(c.by_workload) > 1:
+        labels = list(c.by_workload)
+        cw = max(14, *(len(label) + 2 for label in labels))
+        lines.append("  by workload (tau / speedup):")
+        lines.append(f"    {'speculator':<{width}}" + "".join(f"{label:>{cw}}" for label in labels))
+        for r in sorted(c.results, key=c.speedup, reverse=True):
+            cells = []
+            for label in labels:
+                base, rs = c.by_workload[label]
+                w_r = rs[r.name]
+                cells.append(f"{w_r.stats.tau:.2f} / {c.speedup(w_r, base):.2f}x")
+            lines.append(f"    {r.name:<{width}}" + "".join(f"{cell:>{cw}}" for cell in cells))
     if c.not_applicable:
         lines.append("  not applicable:")
         lines += [f"    {name}: {why}" for name, why in c.not_applicable]
