@@ -150,6 +150,41 @@ def test_with_the_mtp_head_on_a_hybrid_target(tmp_path, kind):
     assert 0 < stats.accepted < stats.drafted and stats.speculators[kind]["accepted"] > 0
 
 
+@pytest.mark.parametrize("arch", ["mamba", "gemma3"])
+def test_draft_simple_on_targets_without_layer_inputs(tmp_path, arch):
+    """A classic draft needs no layer inputs: it drafts for any architecture llama.cpp runs --
+    recurrent (mamba: rolled back through checkpoints) and sliding-window attention (gemma3) --
+    with ordinary decoding's output; on gemma3 the C++ driver's steps.  (On recurrent targets the
+    driver replays a partly accepted draft as the next step's draft: its steps are not ours.)
+    The random models of llama.cpp's test-llama-archs share its dummy tokenizer, so a random qwen2
+    is a draft for them."""
+    from arch_targets import binary, repeat_prompt, write_arch_target
+
+    if binary("test-llama-archs") is None:
+        pytest.skip("test-llama-archs not built (run bench/build_cpp_reference.sh, or set LLAMA_CPP_BIN)")
+    os.makedirs(tmp_path / "draft")
+    draft = write_arch_target("qwen2", str(tmp_path / "draft"), seed=2)
+    target = write_arch_target(arch, str(tmp_path))
+    text, n = repeat_prompt("zzzzz"), 48
+    cfg = TargetConfig(target, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with OrdinaryDecoding(cfg) as o:
+        ref = o.generate(o.tokenize(text), n, ignore_eos=True).tokens
+    with LlamaDFlashDecoding(cfg, SpecConfig(draft, spec_type="draft-simple", draft_n_max=4)) as eng:
+        recorder = StepRecorder(eng.proposer)
+        eng.use_proposer(recorder)
+        res = eng.generate(eng.tokenize(text), n, ignore_eos=True)
+        stats = eng.last_stats
+    assert res.tokens == ref and stats.drafted > 0
+    assert stats.rollback_mode == ("checkpoint" if arch == "mamba" else "kv")
+    binary_cpp = _cpp_binary()
+    if arch == "gemma3" and binary_cpp is not None:
+        cpp = run_cpp_reference(binary_cpp, target, draft, text, n_predict=n, draft_n_max=4, draft_p_min=0.0, n_ctx=256,
+                                n_batch=64, n_ubatch=64, threads=1, repack=False, ignore_eos=True,
+                                spec_types=["draft-simple"], timeout=300, timed=False)
+        theirs = steps_within_budget(cpp.steps, n)
+        assert len(theirs) > 5 and recorder.steps[: len(theirs)] == theirs
+
+
 def test_the_drop_in_llama_drafts_with_both(files):
     kw = dict(n_ctx=512, n_batch=64, n_threads=1, verbose=False, flash_attn=True)
     ref = llama_cpp.Llama(files["target"], **kw)
