@@ -48,10 +48,9 @@ from ._llama import (Context, Model, Placement, close_at_exit, cpu_has_amx, plac
                      set_seq_state, set_verbose)
 from .adaptive import AdaptiveController
 from .config import SpecConfig, TargetConfig
-from .errors import LlamaCallError
+from .draft_models import draft_label, resolve_draft
 from .generate import check_token_ids
 from .grammar_limits import check_gbnf
-from .draft_models import draft_label, resolve_draft
 from .inspect import check_gguf_file, check_target
 from .proposers import Proposer
 from .proposers.factory import build_draft_model, build_proposer, draft_model_ceiling, order_models
