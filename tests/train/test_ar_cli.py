@@ -124,3 +124,35 @@ def test_simple_refuses_to_copy_other_architectures(qwen3_like, tmp_path):
     r = _train("--model", qwen3_like, "--output", str(tmp_path / "o.gguf"), "--algorithm", "simple", timeout=120)
     assert r.returncode == 2 and "copies llama layers" in r.stderr and "--random-layers" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_export_requantizes_and_writes_the_hf_layout(tiny_target, tmp_path):
+    """`llama-dflash export` on an EAGLE-3 head: q4_0 weights (d2t kept), the Hugging Face layout with
+    the target directory the converter needs; --reduce-vocab is a one-line refusal."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader
+
+    from llama_dflash.train.arwriter import write_eagle3
+    from llama_dflash.train.eagle3 import Eagle3Model, Eagle3Shape
+    from llama_dflash.train.model import load_target_head
+
+    emb, head = load_target_head(tiny_target)
+    shape = Eagle3Shape(n_embd=64, n_head=4, n_head_kv=2, n_ff=128, target_layers=[1, 2, 3])
+    m = Eagle3Model(shape, emb, head, vocab=list(range(0, 316, 2)))
+    src = write_eagle3(str(tmp_path / "e3.gguf"), shape, m.export_weights(), tokenizer_from=tiny_target)
+
+    def export(*a):
+        return subprocess.run([sys.executable, "-m", "llama_dflash.cli", "export", *a], capture_output=True,
+                              text=True, timeout=120)
+
+    out, hf, tdir = tmp_path / "q4.gguf", tmp_path / "hf", tmp_path / "tdir"
+    r = export(src, str(out), "--model", tiny_target, "--quantize", "q4_0", "--hf-output", str(hf),
+               "--hf-target-dir", str(tdir))
+    assert r.returncode == 0, r.stderr
+    t = {x.name: x for x in GGUFReader(str(out), "r").tensors}
+    assert t["blk.0.attn_q.weight"].tensor_type == Q.Q4_0 and len(t["d2t"].data) == 158
+    assert read_gguf(str(out)).architecture == "eagle3"
+    cfg = json.loads((hf / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 158 and (tdir / "config.json").is_file()
+    r = export(src, str(tmp_path / "x.gguf"), "--model", tiny_target, "--reduce-vocab", "10")
+    assert r.returncode == 2 and "--train-vocab" in r.stderr and len(r.stderr.strip().splitlines()) == 1
