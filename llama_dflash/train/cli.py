@@ -93,7 +93,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--anchors-per-seq", type=int, default=8, help="blocks per sequence per step (default 8)")
+    p.add_argument("--anchors-per-seq", type=int, default=8,
+                   help="blocks per sequence per step (default 8); eagle3: chains per sequence run past step 0")
     p.add_argument("--workdir", help="features cache and checkpoints, resumable (default: OUTPUT.work)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and torch)")
@@ -549,7 +550,7 @@ def _ar_model(args, info, model_path, layers, emb, head, vocab, say):
                             target_layers=layers, rms_eps=float(info.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
                             rope_theta=a["rope_theta"], context_length=max(2048, info.n_ctx_train or 0))
         model = Eagle3Model(shape, emb, head, vocab=vocab)
-        objective = Eagle3Objective(steps=args.ttt_steps, distill=args.distill)
+        objective = Eagle3Objective(steps=args.ttt_steps, distill=args.distill, chains=args.anchors_per_seq)
         extra = {"ttt_steps": args.ttt_steps}
     else:
         from .simple import SimpleDraft, init_from_target, simple_shape_from_target, spread_layers

@@ -238,6 +238,50 @@ class Eagle3Model(nn.Module):
             outs.append(self._finish(a.transpose(1, 2), resid))
         return outs
 
+    def ttt_chains(self, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, seeds: torch.Tensor,
+                   steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training-time test for chosen chains only: step 0 over every position (its rows are
+        every chain's context), steps 1..steps-1 only for the chains seeded at `seeds` [N, M] --
+        the rows `ttt` computes at (seed + k), for a fraction of the cost on long sequences.
+
+        Returns (step-0 pre-norm outputs [N, L, E], chain outputs [N, M, steps - 1, E]); seeds must
+        satisfy seed + steps <= L - 1 (the fed token t_{seed+k+1} exists)."""
+        s = self.shape
+        N, L = tokens.shape
+        M = seeds.shape[1]
+        dev = tokens.device
+        nxt = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+        pos = torch.arange(L, device=dev).expand(N, L)
+        scale = 1.0 / math.sqrt(s.head_dim)
+        q, k0, v0, resid = self._qkv(nxt, self.encode(features), pos)
+        K0, V0 = self._expand_kv(k0).transpose(1, 2), self._expand_kv(v0).transpose(1, 2)  # [N, H, L, D]
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
+        mask = (causal | torch.eye(L, dtype=torch.bool, device=dev)[None])[:, None]
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), K0, V0, attn_mask=mask)
+        out0 = self._finish(a.transpose(1, 2), resid)
+        if steps <= 1:
+            return out0, out0.new_zeros(N, M, 0, s.n_embd)
+        ctx_ok = (torch.arange(L, device=dev)[None, None, :] <= seeds[:, :, None]) & valid[:, None, :]  # [N, M, L]
+        ctx_ok = ctx_ok[:, None]  # [N, 1, M, L]
+        batch_ix = torch.arange(N, device=dev)[:, None]
+        hidden = out0[batch_ix, seeds]  # [N, M, E]: the seed rows' outputs feed step 1
+        ks: list[torch.Tensor] = []
+        vs: list[torch.Tensor] = []
+        outs = []
+        for k in range(1, steps):
+            p = seeds + k
+            qk, kk, vk, rk = self._qkv(nxt[batch_ix, p], hidden, p)
+            ks.append(self._expand_kv(kk).transpose(1, 2))  # [N, H, M, D]
+            vs.append(self._expand_kv(vk).transpose(1, 2))
+            qh = qk.transpose(1, 2)  # [N, H, M, D]
+            sc0 = ((qh @ K0.transpose(-1, -2)) * scale).masked_fill(~ctx_ok, float("-inf"))  # [N, H, M, L]
+            own = torch.stack([(qh * kj).sum(-1) for kj in ks], dim=-1) * scale  # [N, H, M, k]
+            w = torch.softmax(torch.cat([sc0, own], dim=-1).float(), dim=-1).to(qh.dtype)
+            att = w[..., :L] @ V0 + (w[..., L:, None] * torch.stack(vs, dim=-2)).sum(-2)  # [N, H, M, D]
+            hidden = self._finish(att.transpose(1, 2), rk)
+            outs.append(hidden)
+        return out0, torch.stack(outs, dim=2)
+
     @torch.no_grad()
     def chain(self, features: torch.Tensor, tokens: Sequence[int], c: int, n: int) -> tuple[list[int], torch.Tensor]:
         """What llama.cpp drafts from the seed (tokens[c + 1], g_c) at position c, one row at a time

@@ -10,7 +10,7 @@ target's top-K distribution (`distill`), as for the block drafts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -69,13 +69,15 @@ def _soft_rows(cache: FeatureCache, src: np.ndarray):
 
 
 def make_ttt_batch(cache: FeatureCache, idx: Sequence[int], steps: int, max_context: int = 1024,
-                   soft: bool = False):
+                   soft: bool = False, n_seeds: int = 0, rng: Optional[np.random.Generator] = None):
     """Whole sequences for the training-time test: features [N, L, W], tokens [N, L], valid [N, L],
     labels [N, L] (target ids: the greedy choice after row p + 1, what step k at position p predicts
     for every k), ok [N, steps, L] (whether step k at p has a label: its chain seed c = p - k lies at
     or after the row before the last prompt token, the label exists, and the chain's fed tokens
     t_{c+2}..t_{p+1} are the target's greedy choices -- a greedy chain never sees a sampled detour);
-    with `soft` (and `cache.soft`) the target's top-K behind each label, [N, L, K] twice."""
+    with `n_seeds` also seeds [N, n_seeds], chain seeds drawn with `rng` among each sequence's
+    answer rows (`Eagle3Model.ttt_chains`); with `soft` (and `cache.soft`) the target's top-K behind
+    each label, [N, L, K] twice, last."""
     items = []
     for i in idx:
         sq = cache.seqs[i]
@@ -84,13 +86,14 @@ def make_ttt_batch(cache: FeatureCache, idx: Sequence[int], steps: int, max_cont
             items.append((sq.tokens[:L].astype(np.int64), sq.offset, sq.prompt_len, cache.greedy_next(i)[:L - 1]))
     if not items:
         raise ValueError("no sequence of at least 3 tokens in the batch")
-    N, Lmax = len(items), max(len(it[0]) for it in items)
+    N, Lmax = len(items), max(max(len(it[0]) for it in items), steps + 2)
     rows = np.zeros((N, Lmax), dtype=np.int64)
     tokens = np.zeros((N, Lmax), dtype=np.int64)
     valid = np.zeros((N, Lmax), dtype=bool)
     labels = np.full((N, Lmax), -100, dtype=np.int64)
     ok = np.zeros((N, steps, Lmax), dtype=bool)
     src = np.full((N, Lmax), -1, dtype=np.int64)
+    seeds = np.zeros((N, n_seeds), dtype=np.int64)
     for n, (toks, offset, plen, choice) in enumerate(items):
         L = len(toks)
         rows[n, :L] = offset + np.arange(L)
@@ -108,9 +111,14 @@ def make_ttt_batch(cache: FeatureCache, idx: Sequence[int], steps: int, max_cont
             cc = np.clip(c + 1, 0, L - 1)
             good &= (off_path[p + 1] - off_path[cc]) == 0
             ok[n, k, :L - 2] = good
+        if n_seeds:
+            hi = min(L - 3, Lmax - 1 - steps)  # the last seed with a label; its chain's fed tokens exist
+            seeds[n] = rng.integers(min(c_min, hi), hi + 1, size=n_seeds)
     t = torch.from_numpy
     feats = _gather_rows(cache, rows, valid)
     out = (feats, t(tokens), t(valid), t(labels), t(ok))
+    if n_seeds:
+        out = out + (t(seeds),)
     if soft and cache.soft is not None:
         out = out + _soft_rows(cache, src)
     return out
@@ -154,38 +162,51 @@ def _step_weights(steps: int, gamma: float, device) -> torch.Tensor:
 
 @dataclass
 class Eagle3Objective:
-    """EAGLE-3's training-time test: `steps` chained decoder steps over whole sequences, step k
-    weighted exp(-k / gamma) (gamma 0: steps / 2, at least 1)."""
+    """EAGLE-3's training-time test: step 0 over every position, then `steps - 1` more steps of
+    `chains` chains per sequence seeded at random answer rows (`Eagle3Model.ttt_chains`; 0: every
+    position, `Eagle3Model.ttt`, which costs `steps` full passes). The loss is the mean CE of each
+    step, step k weighted exp(-k / gamma) (gamma 0: steps / 2, at least 1)."""
 
     steps: int = 4
     gamma: float = 0.0
     distill: float = 0.0
     max_context: int = 1024
+    chains: int = 0
 
-    def batch(self, cache: FeatureCache, idx: Sequence[int], rng: np.random.Generator):
-        return make_ttt_batch(cache, idx, self.steps, self.max_context, soft=self.distill > 0)
+    def batch(self, cache: FeatureCache, idx: Sequence[int], rng: Optional[np.random.Generator]):
+        return make_ttt_batch(cache, idx, self.steps, self.max_context, soft=self.distill > 0,
+                              n_seeds=self.chains, rng=rng if rng is not None else np.random.default_rng(0))
 
     def loss(self, model, batch) -> tuple[torch.Tensor, float, int]:
         feats, tokens, valid, labels, ok = batch[:5]
-        soft = batch[5:7] if len(batch) >= 7 else None
-        outs = model.ttt(feats, tokens, valid, self.steps)
+        rest = list(batch[5:])
+        seeds = rest.pop(0) if self.chains else None
+        soft = tuple(rest[:2]) if len(rest) >= 2 else None
         w = _step_weights(self.steps, self.gamma or max(1.0, self.steps / 2), labels.device)
+        if seeds is None:
+            rows = [(h, ok[:, k], labels, soft) for k, h in enumerate(model.ttt(feats, tokens, valid, self.steps))]
+        else:
+            out0, chains = model.ttt_chains(feats, tokens, valid, seeds, self.steps)
+            rows = [(out0, ok[:, 0], labels, soft)]
+            b = torch.arange(seeds.shape[0], device=seeds.device)[:, None]
+            for k in range(1, self.steps):
+                p = seeds + k
+                sk = None if soft is None else (soft[0][b, p], soft[1][b, p])
+                rows.append((chains[:, :, k - 1], ok[:, k][b, p], labels[b, p], sk))
         total = torch.zeros((), device=labels.device)
         norm = torch.zeros((), device=labels.device)
         acc, n1 = 0.0, 0
-        for k, h in enumerate(outs):
-            m = ok[:, k]
-            lab = labels[m]
-            sk = None if soft is None else (soft[0][m], soft[1][m])
-            ce, keep = _mixed_ce(model, h[m], lab, sk, self.distill)
-            total = total + w[k] * ce.sum()
-            norm = norm + w[k] * ce.numel()
+        for k, (h, m, lab, sk) in enumerate(rows):
+            ce, keep = _mixed_ce(model, h[m], lab[m], None if sk is None else (sk[0][m], sk[1][m]), self.distill)
+            if ce.numel():
+                total = total + w[k] * ce.mean()
+                norm = norm + w[k]
             if k == 0 and ce.numel():
                 with torch.no_grad():
                     pred = model.logits(h[m][keep]).argmax(-1)
-                    acc = float((pred == model.head_rows(lab[keep])).float().mean())
+                    acc = float((pred == model.head_rows(lab[m][keep])).float().mean())
                     n1 = int(keep.sum())
-        return total / norm.clamp_min(1.0), acc, n1
+        return total / norm.clamp_min(1e-6), acc, n1
 
 
 @dataclass

@@ -58,7 +58,7 @@ def drafts(tiny_target, tmp_path_factory):
         e3 = Eagle3Model(Eagle3Shape(n_embd=64, n_head=4, n_head_kv=2, n_ff=128, target_layers=LAYERS), emb, head,
                          vocab=vocab)
         train(e3, cache, TrainConfig(steps=25, lr=3e-3, batch_size=4, checkpoint_every=0), train_ids=ids,
-              progress=False, objective=Eagle3Objective(steps=3))
+              progress=False, objective=Eagle3Objective(steps=3, chains=8))
         simple = SimpleDraft(simple_shape_from_target(read_gguf(tiny_target), 1), emb, head)
         init_from_target(simple, tiny_target, [3])
         train(simple, cache, TrainConfig(steps=10, lr=1e-3, batch_size=4, checkpoint_every=0), train_ids=ids,

@@ -73,6 +73,18 @@ def test_ttt_rows_are_the_runtime_chain(tiny_target, kw):
     outs2 = m.ttt(feats2, torch.tensor(toks2)[None], torch.ones(1, L, dtype=torch.bool), n)
     for k in range(n):
         torch.testing.assert_close(outs2[k][0, c + k], outs[k][0, c + k])
+    # the sparse form the trainer runs: the same rows for the chosen seeds, padding included
+    feats3, toks3 = torch.cat([feats, feats.flip(1)]), torch.tensor([toks, toks[::-1]])
+    valid = torch.ones(2, L, dtype=torch.bool)
+    valid[1, 17:] = False
+    full = m.ttt(feats3, toks3, valid, n)
+    seeds = torch.tensor([[0, c, 9, 13], [2, 5, c, 11]])
+    out0, chains = m.ttt_chains(feats3, toks3, valid, seeds, n)
+    torch.testing.assert_close(out0[valid], full[0][valid])
+    for b in range(2):
+        for j in range(4):
+            for k in range(1, n):
+                torch.testing.assert_close(chains[b, j, k - 1], full[k][b, seeds[b, j] + k], rtol=1e-4, atol=1e-5)
 
 
 def _fake_cache(root, seqs, width=192):
@@ -125,8 +137,12 @@ def test_training_learns_and_llama_cpp_drafts_the_same(tiny_target, cache, tmp_p
     counts = count_tokens(316, [cache.seqs[i].tokens for i in range(len(cache))])
     vocab = choose_vocab(counts, 40)
     m = _head(tiny_target, vocab=vocab)
-    obj = Eagle3Objective(steps=3)
-    batch = obj.batch(cache, [0, 1, 2, 3], None)
+    obj = Eagle3Objective(steps=3, chains=6)
+    batch = obj.batch(cache, [0, 1, 2, 3], np.random.default_rng(0))
+    seeds = batch[5]
+    for n, i in enumerate([0, 1, 2, 3]):  # chains start in the answer (the row before its first token on)
+        sq = cache.seqs[i]
+        assert seeds.shape == (4, 6) and (seeds[n] >= sq.prompt_len - 2).all() and (seeds[n] <= len(sq.tokens) - 3).all()
     with torch.no_grad():
         first = float(obj.loss(m, batch)[0])
     before = ar_proxy_acceptance(m, cache, [0, 1, 2, 3], n_read=3)
