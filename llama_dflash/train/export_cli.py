@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the output must be another file than the input")
     target = read_gguf(model_path)
     if read_gguf(args.input).architecture in ("eagle3", "llama"):
+        if os.path.realpath(args.input) == os.path.realpath(model_path):
+            raise ValueError(f"{args.input} is the target itself, not a draft")
         return _run_autoregressive(args, target)
     draft = read_draft(args.input)
     validate_pair(target, draft)
