@@ -9,6 +9,11 @@ the speculative type from each file (draft-eagle3, draft-dspark, draft-dflash, d
         --draft eagle3=OUT/draft-q4.gguf --draft-tokens 1,2,4 --max-tokens 128 --threads 2 --json table.json
 
 Needs llama-speculative-simple (bench/build_cpp_reference.sh, or $LLAMA_SPECULATIVE_SIMPLE).
+
+`--replay` measures the same thing without running the target again for every draft and length:
+the target's greedy answers and layer inputs are made once (llama.cpp), and each draft, run by
+llama.cpp, replays the driver's greedy loop on them (llama_dflash/train/replay.py; its steps equal
+the driver's, tests/train/test_ar_roundtrip.py). `--answers FILE` keeps those answers for later runs.
 """
 
 from __future__ import annotations
@@ -31,6 +36,42 @@ def _prompts(model: str) -> dict[str, list[str]]:
             "code": load_prompts(os.path.join(DRAFTS, "heldout_code.jsonl"))}
 
 
+def _answers(args, model: str, sets: dict, drafts) -> dict:
+    """{"chat": [Answer], "code": [Answer], "layers": ids}: the target's greedy answers and the inputs
+    of every layer the drafts read, made once (and kept in --answers)."""
+    import numpy as np
+
+    from llama_dflash.inspect import read_gguf
+    from llama_dflash.train.replay import Answer, greedy_answers
+
+    layers = sorted({int(x) for _, path in drafts for key in ("eagle3.target_layers", "dflash.target_layers")
+                     for x in (read_gguf(path).get(key) or [])})
+    if args.answers and os.path.isfile(args.answers):
+        z = np.load(args.answers, allow_pickle=False)
+        have = [int(x) for x in z["layers"]]
+        if set(layers) <= set(have) and int(z["max_tokens"]) == args.max_tokens:
+            out: dict = {"layers": have}
+            for kind in sets:
+                n = int(z[f"{kind}_n"])
+                out[kind] = [Answer([int(t) for t in z[f"{kind}_{i}_tokens"]], int(z[f"{kind}_{i}_plen"]),
+                                    z[f"{kind}_{i}_features"]) for i in range(n)]
+            return out
+    out = {"layers": layers}
+    save: dict = {"layers": np.asarray(layers), "max_tokens": np.asarray(args.max_tokens)}
+    for kind, prompts in sets.items():
+        t0 = time.time()
+        out[kind] = greedy_answers(model, prompts, n_predict=args.max_tokens, layers=layers, n_threads=args.threads)
+        print(f"answers ({kind}): {len(prompts)} prompts in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        save[f"{kind}_n"] = np.asarray(len(prompts))
+        for i, a in enumerate(out[kind]):
+            save[f"{kind}_{i}_tokens"] = np.asarray(a.tokens)
+            save[f"{kind}_{i}_plen"] = np.asarray(a.prompt_len)
+            save[f"{kind}_{i}_features"] = a.features.astype(np.float32)
+    if args.answers:
+        np.savez(args.answers, **save)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--draft", action="append", required=True, metavar="NAME=PATH", help="a draft to measure (repeat)")
@@ -39,12 +80,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--replay", action="store_true",
+                   help="replay the driver's loop on the target's greedy answers (made once) instead of running it")
+    p.add_argument("--answers", help="with --replay: a .npz of the answers, made if missing, reused if present")
     args = p.parse_args(argv)
     from llama_dflash.defaults import smollm2_path
     from llama_dflash.train.ar_eval import driver_acceptance, find_driver
 
-    if find_driver() is None:
-        print("heldout_drafts: llama-speculative-simple is not built (bench/build_cpp_reference.sh)", file=sys.stderr)
+    if not args.replay and find_driver() is None:
+        print("heldout_drafts: llama-speculative-simple is not built (bench/build_cpp_reference.sh); "
+              "--replay needs no driver", file=sys.stderr)
         return 2
     drafts = []
     for d in args.draft:
@@ -57,11 +102,20 @@ def main(argv=None) -> int:
     ks = [int(x) for x in args.draft_tokens.split(",")]
     sets = _prompts(model)
     results = []
+    answers = _answers(args, model, sets, drafts) if args.replay else None
     for name, path in drafts:
         for kind, prompts in sets.items():
             for k in ks:
                 t0 = time.time()
-                r = driver_acceptance(model, path, prompts, n_predict=args.max_tokens, n_max=k, threads=args.threads)
+                if args.replay:
+                    from llama_dflash.train.replay import replay_acceptance
+
+                    r = replay_acceptance(model, path, answers[kind], n_max=k, feature_layers=answers["layers"],
+                                          n_threads=args.threads)
+                    r.pop("steps_list")
+                else:
+                    r = driver_acceptance(model, path, prompts, n_predict=args.max_tokens, n_max=k,
+                                          threads=args.threads)
                 r.update(draft=name, path=path, prompts_set=kind, seconds=round(time.time() - t0, 1))
                 results.append(r)
                 print(f"{name:>12} {kind} k={k}: tau {r['tau']:.3f}  per position "

@@ -59,7 +59,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="mix: every N-th training prompt also gets a sampled (T=0.8) answer; 1: every prompt, "
                         "0: none (default 4)")
     p.add_argument("--seed-samples", type=int, default=1,
-                   help="mix: questions the target writes per topic seed (default 1)")
+                   help="mix: questions the target writes per topic seed (default 1; 0: none, the topic prompts "
+                        "only -- phase A's ~410 seed answers take minutes on a busy CPU)")
     p.add_argument("--data-only", action="store_true",
                    help="stop after making (or completing) the data in --workdir; a later run trains on it")
     p.add_argument("--reuse-data", action="store_true",
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
                  "data_tokens", "n_seq"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--eval-prompts", args.eval_prompts, 0)
-    _positive("--seed-samples", args.seed_samples)
+    _positive("--seed-samples", args.seed_samples, 0)
     for name in ("eval_seqs", "train_vocab", "eval_every", "patience", "eval_draft_tokens", "sampled_every"):
         _positive("--" + name.replace("_", "-"), getattr(args, name), 0)
     if args.data == "mix" and args.prompts:

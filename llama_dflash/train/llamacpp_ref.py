@@ -79,8 +79,9 @@ class Eagle3Reference:
         for a in range(0, len(f), step):
             chunk = f[a:a + step]
             self.batch.clear()
+            pos0 = self.ctx.pos_max(0) + 1  # the encoder reads no position: placeholders after the cache, as the driver does
             for i in range(len(chunk)):
-                idx = self.batch.add_embd(self._embd(chunk, i), a + i)
+                idx = self.batch.add_embd(self._embd(chunk, i), pos0 + i)
                 ll.llama_batch_ext_set_output_embd(self.batch.ptr, idx, True)
             rc = ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_ENCODE, self.batch.ptr)
             if rc != 0:
@@ -100,11 +101,50 @@ class Eagle3Reference:
         if rc != 0:
             raise RuntimeError(f"eagle3 decoder failed (rc {rc})")
 
+    def reset(self) -> None:
+        """Forget the sequence `propose` has been following."""
+        self.ctx.clear()
+        self._written = 0  # positions < this hold correct (t_{p+1}, g_p) pairs
+        self._g: list[np.ndarray] = []
+
+    def propose(self, features: np.ndarray, tokens: Sequence[int], n_past: int, n: int) -> list[int]:
+        """Incremental drafting along one sequence, as the C++ driver keeps its draft cache: the last
+        verified token tokens[n_past] sits at n_past; the pairs of every position before n_past - 1
+        are written once (their features `features[p]`, the tokens that followed), the seed at
+        n_past - 1, then n draft rows. Calls must move forward along the same sequence (`reset`)."""
+        if not hasattr(self, "_written"):
+            self.reset()
+        c = n_past - 1
+        if c < self._written - 1 or c < 0:
+            raise ValueError(f"propose at {n_past} after {self._written}: call reset() for another sequence")
+        self.ctx.seq_rm(0, self._written, -1)  # the previous chain's draft rows
+        have = sum(len(x) for x in self._g)
+        if have < c + 1:
+            self._g.append(self.encode(features[have:c + 1]))
+        g = np.concatenate(self._g) if len(self._g) > 1 else self._g[0]
+        self._g = [g]
+        pairs = [(int(tokens[p + 1]), p, g[p]) for p in range(self._written, c)]
+        step = self.ctx.n_ubatch
+        for a in range(0, len(pairs), step):
+            self._decode(pairs[a:a + step], outputs=False)
+        keep, out = [], []
+        row = (int(tokens[c + 1]), c, g[c])
+        for i in range(n):
+            self._decode([row], outputs=True)
+            logits = float_view(ll.llama_get_logits_ith(self.ctx.ptr, -1), (self.n_vocab,))
+            d = int(np.argmax(logits))
+            h = np.array(float_view(ext.llama_get_embeddings_nextn_ith(self.ctx.ptr, -1), (self.n_embd,)))
+            keep.append(h)
+            out.append(d)
+            row = (d, c + 1 + i, h)
+        self._written = c + 1
+        return out
+
     def chain(self, features: np.ndarray, tokens: Sequence[int], c: int, n: int) -> tuple[list[int], np.ndarray]:
         """n draft tokens from the seed (tokens[c + 1], g_c) at position c, as the C++ driver drafts
         them after a target decode whose features are `features` (rows 0..c), and the pre-norm
-        state of each draft row [n, E]."""
-        self.ctx.clear()
+        state of each draft row [n, E] (from an empty cache: `propose` is the incremental form)."""
+        self.reset()
         g = self.encode(features[: c + 1])
         keep = []  # numpy rows must outlive the batch that points at them
         step = self.ctx.n_ubatch

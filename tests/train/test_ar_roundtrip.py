@@ -170,3 +170,27 @@ def test_cpp_driver_steps_are_the_pytorch_head(drafts, tiny_target, n_max):
         got = driver_run(tiny_target, drafts["eagle3"], prompt, n_predict=40, n_max=n_max, threads=1, n_ctx=256).steps
         assert got == want, prompt
     assert 0 < sum(a for a, _ in got) < sum(d for _, d in got)
+
+
+@needs_driver
+def test_replay_takes_the_drivers_steps(drafts, tiny_target):
+    """bench/heldout_drafts.py --replay: the driver's loop replayed on the target's greedy answers,
+    the EAGLE-3 draft run by llama.cpp incrementally (Eagle3Reference.propose), takes the driver's
+    steps (up to the driver's budget edge). DSpark/DFlash drafts replay through the engine's own
+    proposer, whose steps the engine's C++ parity tests already hold to the driver's."""
+    from llama_dflash.train.replay import greedy_answers, replay_acceptance
+
+    draft = drafts["eagle3"]
+    answers = greedy_answers(tiny_target, TEST_PROMPTS, n_predict=48, layers=[0, 1, 2, 3], n_threads=1, n_ctx=256)
+    n_max, budget = 3, 40
+    for prompt, answer in zip(TEST_PROMPTS, answers):
+        rep = replay_acceptance(tiny_target, draft, [answer], n_max=n_max, feature_layers=[0, 1, 2, 3], n_threads=1)
+        want = driver_run(tiny_target, draft, prompt, n_predict=budget, n_max=n_max, threads=1, n_ctx=256).steps
+        n, kept = 0, []
+        for a, d in want:  # the steps well inside the driver's budget
+            if n + n_max + 1 >= budget:
+                break
+            kept.append((a, d))
+            n += a + 1
+        assert len(kept) >= 5 and rep["steps_list"][:len(kept)] == kept, prompt
+        assert 1.0 <= rep["tau"] <= 1 + n_max
