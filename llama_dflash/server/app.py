@@ -107,6 +107,8 @@ class Metrics:
             acc = self.accepted / self.verified if self.verified else 0.0
             mal = self.accepted / self.verification_steps if self.verification_steps else 0.0
             tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+            # tau: ordinary answers (no step counted, every token the target's) are 1.0, not 0.0
+            tau = 1.0 + mal if self.verification_steps else 1.0 if self.generated_tokens else 0.0
             rows = [
                 ("requests_total", "counter", "Completed generation requests", self.requests),
                 ("request_errors_total", "counter", "Requests that failed", self.errors),
@@ -122,10 +124,10 @@ class Metrics:
                 ("accepted_per_step", "gauge", "Accepted draft tokens per verification step", mal),
                 ("mean_accepted_length", "gauge",
                  "tau (llama-cpp-python's name): the target's token plus the mean accepted draft prefix",
-                 1.0 + mal if self.verification_steps else 0.0),
+                 tau),
                 ("tokens_per_step", "gauge",
                  "tau: tokens per verification step (accepted drafts + the target's token)",
-                 1.0 + mal if self.verification_steps else 0.0),
+                 tau),
                 ("tokens_per_second", "gauge", "Generated tokens per generation second", tps),
                 *extra,
             ]
