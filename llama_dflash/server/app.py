@@ -37,6 +37,7 @@ from .runner import Job, ModelRunner, RequestStopped
 from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
 from .structured import prepare
 from .timings import timings, usage
+from .watch import Watch
 
 __all__ = ["create_app", "Metrics", "DEFAULT_MAX_TOKENS_CAP"]
 
@@ -146,6 +147,18 @@ def _build_info() -> str:
     from .. import __version__
 
     return f"llama-dflash {__version__} (llama-cpp-python {llama_cpp.__version__})"
+
+
+#: the page loads nothing from elsewhere: its own inline script and style, requests to this server
+PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+            "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+def chat_page() -> bytes:
+    """The chat page (`page.html`, package data: no build step, no external assets)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("page.html").read_bytes()
 
 
 def _as_api_error(exc: BaseException) -> Optional[APIError]:
@@ -278,7 +291,9 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     app.state.llm = llm
     app.state.runner = runner
     app.state.batched = batched
-    app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    # the chat page is static (no data of the server's): open like /health; its requests carry the key
+    app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
+                       open_paths=("/health", "/"))
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
@@ -323,8 +338,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
         req = validate_request(schema, parse_json(await request.body()), limits)
         prepared = prepare(req, req.to_kwargs(default_max_tokens), vocab)
         kwargs = prepared.kwargs
+        fn_, post = fn, prepared.post
         use = runner
-        if batched is not None and batchable(kwargs) is None:
+        if req.token_origins or not req.speculative:
+            # our extensions: served one at a time on `llm` (the batch has no per-token origins)
+            fn_, post = Watch(llm, record=req.token_origins, drafting=req.speculative).wrap(fn, post)
+        elif batched is not None and batchable(kwargs) is None:
             use = batched
         job = await use.acquire(generate_nothing=kwargs["max_tokens"] == 0)
         handed_over = False
@@ -332,12 +351,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             if await request.is_disconnected():  # gone while waiting in the queue: nothing to do
                 return Response(status_code=499)
             if req.stream:
-                first = await use.start_stream(job, fn, kwargs, prepared.post)
+                first = await use.start_stream(job, fn_, kwargs, post)
                 handed_over = True
                 return EventStream(use, job, first, encoder(req.include_usage), metrics.error, send_timeout)
             watcher = asyncio.create_task(_wait_disconnect(request.receive, job))
             try:
-                result = await use.call(job, fn, kwargs, prepared.post)
+                result = await use.call(job, fn_, kwargs, post)
             finally:
                 watcher.cancel()
         except Exception as exc:
@@ -372,6 +391,14 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    page = chat_page()
+
+    @app.get("/")
+    async def index():
+        """A small chat page that streams answers with each token marked by its origin."""
+        return Response(page, media_type="text/html; charset=utf-8",
+                        headers={"cache-control": "no-cache", "content-security-policy": PAGE_CSP})
 
     n_slots = batched.engine.n_seq if batched is not None else 1
     slot_ctx = int(batched.engine.n_ctx_seq) if batched is not None else int(llm.n_ctx())
