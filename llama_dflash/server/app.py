@@ -281,8 +281,9 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     app = FastAPI(title="llama-dflash", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics = Metrics()
     single_engine = getattr(llm, "engine", None)
+    speculator = getattr(llm, "speculator", None)
     algorithm = "ordinary" if getattr(llm, "speculative", None) is None else \
-        getattr(single_engine, "algorithm", "dflash")
+        getattr(single_engine, "algorithm", None) or getattr(getattr(speculator, "stats", None), "algorithm", "dflash")
     if batched is not None:
         algorithm = batched.engine.algorithm
     model_id = model_alias or Path(str(getattr(llm, "model_path", "model"))).name
