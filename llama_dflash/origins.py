@@ -161,12 +161,13 @@ class OriginTracker:
 
 class TextPieces:
     """The text each token adds, decoded incrementally: a character split over several tokens is
-    given to the token that completes it (the others add ""), so the pieces join to the text.  Bytes
-    that are no UTF-8 are dropped, as llama-cpp-python drops them from the completion text."""
+    given to the token that completes it (the others add ""), so the pieces join to the text.
+    `errors`: what becomes of bytes that are no UTF-8, as the text they must join to has it
+    ("ignore": llama-cpp-python's completion text; "replace": our engine's `detokenize`)."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes]):
+    def __init__(self, token_bytes: Callable[[int], bytes], errors: str = "ignore"):
         self._bytes = token_bytes
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
 
     def piece(self, token: int) -> str:
         return self._decoder.decode(self._bytes(int(token)))
