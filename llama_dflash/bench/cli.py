@@ -9,6 +9,7 @@ ours (lookup, auto); types that need no draft model load none.  Prints the [ordi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -383,12 +384,17 @@ def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
     else:
         workloads = {"prompt": [args.prompt]}
     workloads = {k: [_wrap(args, target.model, p) for p in v] for k, v in workloads.items()}
+    # without --spec-type the sweep measures the draft alone; beside its lengths it measures what a
+    # user gets by default from generate and serve: `--spec-type auto` over the same draft
+    default_spec = None
+    if args.spec_type is None and spec.draft_model is not None:
+        default_spec = dataclasses.replace(spec, spec_type=DEFAULT_SPEC_TYPE, draft_n_max="auto")
     return SweepConfig(target, spec, workloads,
                        draft_tokens=args.sweep_draft_tokens or [args.draft_tokens],
                        max_tokens=args.sweep_max_tokens or [args.max_tokens],
                        runs=args.runs, warmup_tokens=args.warmup_tokens, ignore_eos=args.ignore_eos,
                        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-                       oracle=args.oracle, probe=args.cost_probe)
+                       oracle=args.oracle, probe=args.cost_probe, default_spec=default_spec)
 
 
 def _progress_bar(args: argparse.Namespace, total: int):
