@@ -613,7 +613,7 @@ def _run_single(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from .report import feedback_fields, model_fields, render_report
-    from .sweep import format_sweep, run_sweep, sweep_steps
+    from .sweep import format_sweep, run_sweep, setting_label, sweep_steps
 
     cfg = build_sweep_config(args)
     bar = _progress_bar(args, sweep_steps(cfg))
@@ -654,7 +654,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             from .runner import first_divergence
 
             verdict = "best draft length" if cell.best_draft_tokens else "fastest draft length (ordinary was faster)"
-            sections.append((f"Workload {cell.workload}, {cell.max_tokens} tokens, {verdict} {k}",
+            sections.append((f"Workload {cell.workload}, {cell.max_tokens} tokens, {verdict} {setting_label(k)}",
                              feedback_fields(
                 model=cfg.target.model, draft_model=cfg.spec.draft_model, algorithm=result.algorithm,
                 n_ctx=cfg.target.n_ctx, n_batch=cfg.target.n_batch, n_ubatch=cfg.target.n_ubatch,
