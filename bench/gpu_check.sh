@@ -165,6 +165,6 @@ else
   status=1
   step "benchmark FAILED: $(tail -n 3 "$out/bench.log" | tr '\n' ' ')"
 fi
-grep -E "best setting|oracle ceiling|predicted .* measured" "$out/bench.txt" 2>/dev/null | sed 's/^ */  /'
+grep -E "best draft length|by default|oracle ceiling|predicted .* measured" "$out/bench.txt" 2>/dev/null | sed 's/^ */  /'
 step "results in $out (bench.json, report.md, plot.png, bench.txt, tests.log, backend.json)"
 exit $status

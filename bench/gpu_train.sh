@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train DSpark drafts for a target on one GPU within a time budget:
+# Train DSpark (or EAGLE-3) drafts for a target on one GPU within a time budget:
 #   1. the mixed data set, answered by a PyTorch copy of the target (--data-backend torch), capped
 #      in time (it resumes, so a capped run keeps what it made);
 #   2. several draft shapes trained side by side on that one data set, each for the time left;
@@ -20,6 +20,8 @@
 #                        e.g. the shipped default, to continue it on new data instead of starting afresh
 #   GPU_TRAIN_DISTILL    --distill weight (the target's distribution in the loss; default 0.5, 0: labels only)
 #   GPU_TRAIN_ARGS       extra `llama-dflash train` arguments for every variant
+#   GPU_TRAIN_ALGORITHM  dspark (default) or eagle3 (one decoder layer: variants "1:HEAD"; the same data set
+#                        serves both, e.g. GPU_TRAIN_ALGORITHM=eagle3 GPU_TRAIN_VARIANTS="1:4096 1:8192")
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -38,6 +40,8 @@ variants=${GPU_TRAIN_VARIANTS:-"1:4096 1:8192 2:4096"}
 device=${GPU_TRAIN_DEVICE:-cuda}
 nseq=${GPU_TRAIN_NSEQ:-512}
 distill=${GPU_TRAIN_DISTILL:-0.5}
+algo=${GPU_TRAIN_ALGORITHM:-dspark}
+case "$algo" in dspark|eagle3) ;; *) echo "GPU_TRAIN_ALGORITHM must be dspark or eagle3, not $algo" >&2; exit 2;; esac
 init_args=()
 [ -n "${GPU_TRAIN_INIT:-}" ] && init_args=(--init-from-draft "$GPU_TRAIN_INIT")
 model_args=()
@@ -49,7 +53,7 @@ step() { echo "[gpu-train +$(( $(date +%s) - t0 ))s] $*"; }
 
 # shared by the data run and every variant: the same data set (same mix settings) in every workdir
 common=(-m llama_dflash.cli train "${model_args[@]}" --data mix --data-backend torch --device "$device"
-        --n-seq "$nseq" --sampled-every 1 --seed-samples 2 --eval-seqs 48 --algorithm dspark --block-size 5
+        --n-seq "$nseq" --sampled-every 1 --seed-samples 2 --eval-seqs 48 --algorithm "$algo" --block-size 5
         --seed 0 --no-progress)
 
 logs="$work/logs"

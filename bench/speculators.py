@@ -56,12 +56,10 @@ CONFIGS: dict[str, dict] = {
 
 def _draft_kind(target: str, draft: str) -> str:
     """A draft file's speculative type: its own (dflash, eagle3), else a classic draft model."""
-    from llama_dflash.draft_models import resolve_draft
-    from llama_dflash.inspect import check_target_file, read_gguf
+    from llama_dflash.draft_models import guess_algorithm, resolve_draft
+    from llama_dflash.inspect import check_target_file
 
-    info = check_target_file(target)
-    algorithm = "auto" if read_gguf(draft).architecture in ("dflash", "eagle3") else "simple"
-    return resolve_draft(info, draft, algorithm).kind
+    return resolve_draft(check_target_file(target), draft, guess_algorithm(draft)).kind
 
 
 def _workloads(n: int) -> dict[str, list]:

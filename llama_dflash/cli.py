@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("llama_dflash.train.cli", "train a DFlash/DSpark draft for a GGUF target"),
     "export": ("llama_dflash.train.export_cli", "rewrite a draft GGUF: reduced vocabulary, quantized weights"),
     "serve": ("llama_dflash.server.cli", "OpenAI-compatible server with speculative decoding"),
+    "doctor": ("llama_dflash.doctor_cli", "check a target and drafts: what applies, what fails, break-even tau"),
 }
 
 EXIT_USAGE = 2

@@ -25,12 +25,13 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .errors import IncompatibleModelError
+from .errors import GGUFFileError, IncompatibleModelError
 from .inspect import (DraftInfo, GGUFInfo, _check_d2t, _check_float_weights, _check_shape, _check_vocab,
                       _entry, _layer_counts, check_gguf, check_target_file, get_bool, get_float, get_int, get_int_list,
                       get_per_layer, get_str, read_gguf, validate_pair, validate_target)
 
-__all__ = ["Eagle3Info", "SimpleDraftInfo", "AnyDraftInfo", "draft_label", "resolve_draft", "validate_draft_files", "validate_eagle3_pair",
+__all__ = ["Eagle3Info", "SimpleDraftInfo", "AnyDraftInfo", "draft_label", "resolve_draft", "validate_draft_files",
+           "guess_algorithm", "draft_summary", "validate_eagle3_pair",
            "validate_simple_pair", "check_vocab_compatible", "EAGLE3_N_LAYERS", "VOCAB_MAX_SIZE_DIFFERENCE",
            "VOCAB_CHECK_START"]
 
@@ -89,6 +90,32 @@ def draft_label(info: AnyDraftInfo) -> str:
     """What statistics call a draft model drafting alone: a DFlash-family draft its algorithm
     ("dflash", "dspark"), the others their type ("draft-eagle3", "draft-simple")."""
     return info.algorithm if isinstance(info, DraftInfo) else info.kind
+
+
+def guess_algorithm(path: "str | os.PathLike[str]") -> str:
+    """How to read a draft file given without a type (tables, `doctor`): by its own architecture
+    (dflash, eagle3: "auto"), else as a classic draft model ("simple"); an unreadable file is left
+    to `resolve_draft` to refuse ("auto")."""
+    try:
+        arch = get_str(read_gguf(path), "general.architecture", "")
+    except (IncompatibleModelError, GGUFFileError):
+        return "auto"
+    return "auto" if arch in (*_DRAFT_ARCHS, "") else "simple"
+
+
+def draft_summary(info: AnyDraftInfo) -> str:
+    """One line on what a validated draft is (`doctor`'s check line)."""
+    if isinstance(info, Eagle3Info):
+        vocab = f", a draft vocabulary of {info.reduced_vocab} (d2t)" if info.reduced_vocab else ""
+        return (f"an EAGLE-3 head for this target (draft-eagle3): reads target layers {list(info.target_layers)}"
+                f"{vocab}")
+    if isinstance(info, SimpleDraftInfo):
+        g = info.gguf
+        return (f"a classic draft model for this target (draft-simple): {g.architecture}, {g.n_layer} layers, "
+                f"n_embd {g.n_embd} (its vocabulary is checked against the target's when both are loaded)")
+    return (f"a {info.algorithm}{'2' if info.is_dflash2 else ''} draft for this target: block {info.block_size}, up to "
+            f"{info.max_draft_tokens} draft tokens a step, reads target layers {list(info.target_layers)}"
+            + (f", reduced vocabulary of {info.reduced_vocab}" if info.reduced_vocab else ""))
 
 
 def validate_draft_files(target_path: "str | os.PathLike[str]", draft_path: "str | os.PathLike[str]",

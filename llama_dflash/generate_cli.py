@@ -52,6 +52,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="PATH", help="write text, tokens, finish reason and statistics as JSON")
     o.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
+    o.add_argument("--show-drafts", action="store_true",
+                   help="stream the answer with each accepted draft token marked by the speculator that drafted "
+                        "it: colour on a terminal, brackets elsewhere ([...], {...}, ...; a legend on stderr)")
     o.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
 
 
@@ -88,15 +91,25 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     t0 = time.perf_counter()
     engine: Any = OrdinaryDecoding(target) if spec is None else LlamaDFlashDecoding(target, spec)
+    origins: list = []
     with engine:
         prompt = engine.tokenize(_wrap(args, model, args.prompt))
-        res = engine.generate(prompt, args.max_tokens, sampling, ignore_eos=args.ignore_eos)
-        text = engine.detokenize(res.tokens)
         algorithm = "ordinary" if spec is None else engine.algorithm
         names = () if spec is None else engine.speculator_names
+        if args.show_drafts:
+            res, origins, marker = _show_drafts(engine, prompt, args, sampling, names)
+        else:
+            res = engine.generate(prompt, args.max_tokens, sampling, ignore_eos=args.ignore_eos)
+        text = engine.detokenize(res.tokens)
     seconds = time.perf_counter() - t0
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    if args.show_drafts:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if not args.quiet:
+            sys.stderr.write(marker.legend() + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
     s = res.stats
     if not args.quiet:
         line = f"llama-dflash generate: {algorithm}: {len(res.tokens)} tokens ({res.finish_reason}), " \
@@ -113,6 +126,41 @@ def run(args: argparse.Namespace) -> int:
         data = {"text": text, "tokens": res.tokens, "finish_reason": res.finish_reason, "algorithm": algorithm,
                 "speculators": list(names), "prompt_tokens": len(prompt), "seconds": seconds,
                 "stats": s.to_dict(), "speculator_stats": speculator_summary(raw)}
+        if args.show_drafts:
+            data["token_origins"] = origins
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2)
     return 0
+
+
+def _show_drafts(engine: Any, prompt: list, args: argparse.Namespace, sampling: Any, names: tuple) -> tuple:
+    """Stream the answer to stdout with its accepted draft tokens marked; (result, origins, marker)."""
+    from .engine import GenerationResult
+    from .generate import GenerationState
+    from .origins import OriginTracker, TextPieces, TokenOrigin
+    from .show import DraftMarker, token_bytes, use_colour
+
+    marker = DraftMarker(sys.stdout, use_colour(sys.stdout))
+    vocab = engine.target.model.vocab
+    pieces = TextPieces(lambda t: token_bytes(vocab, t), errors="replace")  # as engine.detokenize
+    proposer = getattr(engine, "proposer", None)
+    tracker = OriginTracker(proposer, names[0] if names else "draft") if names else None
+    state = GenerationState()
+    tokens: list[int] = []
+    origins: list[dict] = []
+    if tracker is not None:
+        tracker.attach()
+        tracker.reset()
+    try:
+        for tok in engine.stream(prompt, args.max_tokens, sampling, ignore_eos=args.ignore_eos, state=state):
+            origin = tracker.mark(tok) if tracker is not None else TokenOrigin(int(tok), "target")
+            text = pieces.piece(tok)
+            marker.write(text, origin)
+            sys.stdout.flush()
+            tokens.append(int(tok))
+            origins.append(origin.to_dict(text))
+    finally:
+        if tracker is not None:
+            tracker.detach()
+        marker.close()
+    return GenerationResult(tokens, state.finish_reason, engine.last_stats), origins, marker

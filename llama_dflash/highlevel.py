@@ -167,6 +167,20 @@ def _check_sampling(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"{name} must be an integer, not {v!r}")
 
 
+_flash_attn_warned = False
+
+
+def _warn_flash_attn_once() -> None:
+    """Without flash attention a verification batch of a quantized model can compute other logits
+    than single-token decodes (up to 0.52 on SmolLM2 Q4_1): say so once per process."""
+    global _flash_attn_warned
+    if not _flash_attn_warned:
+        _flash_attn_warned = True
+        warnings.warn("llama_dflash.Llama: speculative decoding with flash_attn=False (llama_cpp.Llama's default): "
+                      "greedy text can differ from ordinary decoding at near-ties (the distribution does not); "
+                      "pass flash_attn=True for token-for-token equal output", UserWarning, stacklevel=3)
+
+
 def _check_lora(path: Optional[str]) -> None:
     """llama.cpp loads anything as a LoRA adapter without a word (garbage included)."""
     if not path:
@@ -212,6 +226,8 @@ class Llama(llama_cpp.Llama):
             for name in _NOT_WITH_SPECULATIVE:
                 if kwargs.get(name):
                     raise ValueError(f"llama_dflash.Llama: {name} cannot be combined with speculative=")
+        if speculative is not None and speculative.spec_types and not kwargs.get("flash_attn", False):
+            _warn_flash_attn_once()
         lora_path = kwargs.pop("lora_path", None)
         _check_lora(lora_path)
         if lora_path:  # as llama_cpp.Llama does with an adapter

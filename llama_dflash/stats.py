@@ -92,8 +92,12 @@ class SpecStats:
     @property
     def tokens_per_step(self) -> float:
         """tau as the DFlash/DSpark papers report it: tokens per verification step, i.e. the
-        accepted drafts plus the target's own token (1.0 means no draft token was ever accepted)."""
-        return 1.0 + self.accepted_per_step if self.verification_steps else 0.0
+        accepted drafts plus the target's own token (1.0 means no draft token was ever accepted).
+        Tokens generated with no verification step counted (ordinary decoding, where every token is
+        the target's own) are tau 1.0 too: 0.0 is left for "nothing generated"."""
+        if self.verification_steps:
+            return 1.0 + self.accepted_per_step
+        return 1.0 if self.generated_tokens else 0.0
 
     @property
     def tau(self) -> float:

@@ -218,7 +218,12 @@ def write_draft(
         w.add_bool("dflash.sample_from_anchor", shape.sample_from_anchor)
         w.add_bool("dflash.has_confidence_head", shape.confidence_head)
     for key, value in shape.extra_keys.items():
-        if isinstance(value, bool):
+        if isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, bool) for v in value):
+                w.add_array(key, [bool(v) for v in value])
+            else:
+                w.add_array(key, [int(v) for v in value])
+        elif isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, int):
             w.add_uint32(key, value)

@@ -2,8 +2,9 @@
 
 For each architecture (qwen35 with its MTP block, qwen35moe with its MTP block, muse-glimmer,
 nemotron_h, gemma4: `llama_dflash.testing.targets`) and each drafter (rigged DFlash, DSpark and
-DFlash2 drafts: `llama_dflash.testing.drafts`; the target's MTP head where it has one), at draft
-tokens 1, 4 and 7, with and without --ignore-eos:
+DFlash2 drafts: `llama_dflash.testing.drafts`; a reduced-vocabulary DSpark draft (`d2t`); DSpark
+with its confidence head cutting blocks short (p_min 0.6); the target's MTP head where it has
+one), at draft tokens 1, 4 and 7, with and without --ignore-eos:
 
 * our loop takes the same steps as `llama-speculative-simple` -- the same tokens drafted and
   accepted at every verification (`cpp_steps`);
@@ -37,7 +38,9 @@ def _cpp_binary():
 PROMPT = "the quick brown fox and the lazy dog is"
 N_PREDICT = 64
 HYBRID = ("qwen35", "qwen35moe", "nemotron_h")
-KINDS = {arch: DRAFT_KINDS + (("mtp",) if arch in MTP_ARCHS else ()) for arch in ARCHS}
+KINDS = {arch: DRAFT_KINDS + ("dspark-d2t", "dspark-pmin") + (("mtp",) if arch in MTP_ARCHS else ())
+         for arch in ARCHS}
+P_MIN = {"dspark-pmin": 0.6}
 CASES = [(arch, kind, rollback) for arch in ARCHS for kind in KINDS[arch]
          for rollback in (("native", "checkpoint") if arch in HYBRID else ("auto",))]
 
@@ -50,6 +53,8 @@ def files(tmp_path_factory):
     def get(arch: str) -> tuple[str, dict[str, str]]:
         fx = write_target(str(root / f"{arch}.gguf"), arch, mtp=arch in MTP_ARCHS)
         drafts = {kind: write_rigged_draft(str(root / f"{arch}.{kind}.gguf"), fx, kind) for kind in DRAFT_KINDS}
+        drafts["dspark-d2t"] = write_rigged_draft(str(root / f"{arch}.d2t.gguf"), fx, "dspark", draft_vocab=150)
+        drafts["dspark-pmin"] = drafts["dspark"]
         return fx.path, drafts
 
     return get
@@ -62,7 +67,7 @@ def _config(path: str) -> TargetConfig:
 def _spec(kind: str, drafts: dict[str, str], k: int, rollback: str) -> SpecConfig:
     if kind == "mtp":
         return SpecConfig(spec_type="draft-mtp", draft_n_max=k, rollback=rollback)
-    return SpecConfig(drafts[kind], draft_n_max=k, rollback=rollback)
+    return SpecConfig(drafts[kind], draft_n_max=k, rollback=rollback, draft_p_min=P_MIN.get(kind, 0.0))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,8 @@ def cpp(files):
         target, drafts = files(arch)
         draft = None if kind == "mtp" else drafts[kind]
         types = ["draft-mtp"] if kind == "mtp" else None
-        res = run_cpp_reference(binary, target, draft, PROMPT, n_predict=N_PREDICT, draft_n_max=k, draft_p_min=0.0,
+        res = run_cpp_reference(binary, target, draft, PROMPT, n_predict=N_PREDICT, draft_n_max=k,
+                                draft_p_min=P_MIN.get(kind, 0.0),
                                 n_ctx=512, n_batch=64, n_ubatch=64, threads=2, repack=False, ignore_eos=ignore_eos,
                                 spec_types=types, timeout=300, timed=False)
         return tuple(steps_within_budget(res.steps, N_PREDICT))

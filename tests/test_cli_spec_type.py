@@ -137,3 +137,21 @@ def test_serve_builds_the_same_choice(tiny_target, tiny_draft):
         build_spec(_serve_args("--spec-type", "none", "--draft-model", tiny_draft), tiny_target)
     with pytest.raises(ValueError, match="ngram"):
         build_spec(_serve_args("--ngram-size-n", "2"), tiny_target)
+
+
+def test_serve_without_arguments_serves_the_default_pair():
+    """`llama-dflash serve` alone: the embedded target with its shipped draft, under `auto` (as
+    `generate` and `bench` use the pair), not the target alone."""
+    from llama_dflash.defaults import default_draft_path, smollm2_path
+    from llama_dflash.server.cli import build_spec
+
+    try:
+        model = smollm2_path()
+    except Exception as exc:  # noqa: BLE001 - the default model is an optional wheel
+        pytest.skip(str(exc))
+    spec = build_spec(_serve_args(), model)
+    assert spec is not None and spec.draft_model == default_draft_path(model)
+    assert spec.spec_types == ("auto", "draft")
+    assert build_spec(_serve_args("--spec-type", "none"), model) is None  # ordinary on request
+    spec = build_spec(_serve_args("--spec-type", "ngram-simple"), model)  # a type without a model: no draft
+    assert spec.draft_model is None

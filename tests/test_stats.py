@@ -21,6 +21,8 @@ def test_mean_accepted_length_is_tau_and_accepted_per_step_the_drafts():
     d = s.to_dict()
     assert d["mean_accepted_length"] == d["tau"] == pytest.approx(3.0) and d["accepted_per_step"] == 2.0
     assert SpecStats().mean_accepted_length == 0.0  # no step: no tau
+    # tokens with no step counted (ordinary decoding): each was the target's own
+    assert SpecStats(generated_tokens=5).tau == SpecStats(generated_tokens=5).to_dict()["tau"] == 1.0
 
 
 def test_rates_of_the_decode_loop():

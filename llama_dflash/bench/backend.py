@@ -131,4 +131,4 @@ def offload_warning(n_gpu_layers: Optional[int], info: BackendInfo) -> Optional[
     why = ("this llama-cpp-python build has no GPU backend (CPU only)" if not info.gpu_offload
            else "no GPU device was found")
     return (f"--n-gpu-layers asks to offload {what}, but {why}: everything runs on the CPU. "
-            "Reinstall with a GPU backend, e.g. `make setup GPU=cuda` (see README, GPUs)")
+            "Reinstall with a GPU backend, e.g. `make setup GPU=cuda` (see docs/gpus.md)")

@@ -9,6 +9,7 @@ ours (lookup, auto); types that need no draft model load none.  Prints the [ordi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -386,12 +387,17 @@ def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
     else:
         workloads = {"prompt": [args.prompt]}
     workloads = {k: [_wrap(args, target.model, p) for p in v] for k, v in workloads.items()}
+    # without --spec-type the sweep measures the draft alone; beside its lengths it measures what a
+    # user gets by default from generate and serve: `--spec-type auto` over the same draft
+    default_spec = None
+    if args.spec_type is None and spec.draft_model is not None:
+        default_spec = dataclasses.replace(spec, spec_type=DEFAULT_SPEC_TYPE, draft_n_max="auto")
     return SweepConfig(target, spec, workloads,
                        draft_tokens=args.sweep_draft_tokens or [args.draft_tokens],
                        max_tokens=args.sweep_max_tokens or [args.max_tokens],
                        runs=args.runs, warmup_tokens=args.warmup_tokens, ignore_eos=args.ignore_eos,
                        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-                       oracle=args.oracle, probe=args.cost_probe)
+                       oracle=args.oracle, probe=args.cost_probe, default_spec=default_spec)
 
 
 def _progress_bar(args: argparse.Namespace, total: int):
@@ -612,7 +618,7 @@ def _run_single(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace) -> int:
     from .report import feedback_fields, model_fields, render_report
-    from .sweep import format_sweep, run_sweep, sweep_steps
+    from .sweep import format_sweep, run_sweep, setting_label, sweep_steps
 
     cfg = build_sweep_config(args)
     bar = _progress_bar(args, sweep_steps(cfg))
@@ -653,7 +659,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
             from .runner import first_divergence
 
             verdict = "best draft length" if cell.best_draft_tokens else "fastest draft length (ordinary was faster)"
-            sections.append((f"Workload {cell.workload}, {cell.max_tokens} tokens, {verdict} {k}",
+            sections.append((f"Workload {cell.workload}, {cell.max_tokens} tokens, {verdict} {setting_label(k)}",
                              feedback_fields(
                 model=cfg.target.model, draft_model=cfg.spec.draft_model, algorithm=result.algorithm,
                 n_ctx=cfg.target.n_ctx, n_batch=cfg.target.n_batch, n_ubatch=cfg.target.n_ubatch,

@@ -21,8 +21,8 @@ from .._llama import Model
 from ..config import SpecConfig, TargetConfig
 from ..engine import LlamaDFlashDecoding, OrdinaryDecoding
 from ..errors import DFlashError
-from ..draft_models import resolve_draft
-from ..inspect import check_gguf_file, get_str, read_gguf
+from ..draft_models import guess_algorithm, resolve_draft
+from ..inspect import check_gguf_file
 from ..proposers.mtp import check_mtp_target
 from ..sampling import SamplingParams
 from ..stats import SpecStats
@@ -134,7 +134,7 @@ def applicable_speculators(target: str, drafts: Sequence[str] = (), *, draft_tok
     for path in drafts:
         label = os.path.basename(path)
         try:
-            d = resolve_draft(info, path, _draft_algorithm(path))
+            d = resolve_draft(info, path, guess_algorithm(path))
         except DFlashError as e:
             skipped.append((label, str(e)))
             continue
@@ -148,15 +148,6 @@ def applicable_speculators(target: str, drafts: Sequence[str] = (), *, draft_tok
     cands.append(Candidate(auto_types, SpecConfig(first_draft[0] if first_draft else None, spec_type=auto_types)))
     return cands, skipped
 
-
-def _draft_algorithm(path: str) -> str:
-    """How to read a draft file here: by its own type (dflash, eagle3), else as a classic draft
-    model (any other architecture); an unreadable file is left to `resolve_draft` to refuse."""
-    try:
-        arch = get_str(read_gguf(path), "general.architecture", "")
-    except DFlashError:
-        return "auto"
-    return "auto" if arch in ("dflash", "eagle3", "") else "simple"
 
 
 def _timed(dec: Any, prompt: list[int], max_tokens: int, sampling: SamplingParams, ignore_eos: bool):

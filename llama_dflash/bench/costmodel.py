@@ -175,7 +175,7 @@ def speedup_line(model: CostModel, measured: dict[Any, float]) -> str:
 
 
 def _k(k: Any) -> str:
-    return "auto" if k == "auto" else f"k={k}"
+    return "adaptive" if k == "auto" else f"k={k}"  # --draft-tokens auto: the adaptive length
 
 
 def cost_model_dict(model: CostModel, measured: dict[Any, float], oracle: dict[Any, float]) -> dict[str, Any]:

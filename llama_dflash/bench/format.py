@@ -151,7 +151,10 @@ def format_phases(table: dict[str, Any]) -> list[str]:
     head = "".join(f"{p:>9}" for p in (*PHASES, "total")) + f"{'tok/step':>9}"
     out = [f"[per-step cost by phase, in ordinary decodes (1 = {1000 * unit:.2f} ms target decode+sync)]",
            f"  {'k':>9}{head}"]
-    rows = [("ord.", table["ordinary"]), *table["draft_tokens"].items()]
+    # (a draft length named for what it is: "auto" is the adaptive length, not --spec-type auto)
+    rows = [("ord.", table["ordinary"]),
+            *(("adaptive" if k == "auto" else "oracle adapt." if k == "oracle auto" else k, v)
+              for k, v in table["draft_tokens"].items())]
     for label, row in rows:
         cells = "".join(f"{'-':>9}" if label == "ord." and p in ("draft", "inject", "rollback") else f"{row[p]:9.2f}"
                         for p in (*PHASES, "total"))

@@ -30,7 +30,10 @@ def plot_sweep(res: SweepResult, path: str) -> str:
                     label=f"{label}: ordinary")
         if "auto" in cell.speculative:
             ax1.axhline(cell.speculative["auto"].aggregate_tokens_per_second, color=line.get_color(), ls="-.",
-                        label=f"{label}: auto")
+                        label=f"{label}: adaptive length")
+        if cell.default is not None:
+            ax1.axhline(cell.default.aggregate_tokens_per_second, color=line.get_color(), ls="--",
+                        label=f"{label}: spec-type auto (the default)")
         if cell.oracle:
             oks = sorted(cell.oracle)
             ax1.plot(oks, [cell.oracle[k].aggregate_tokens_per_second for k in oks], "^:", color=line.get_color(),

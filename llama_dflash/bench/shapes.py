@@ -218,7 +218,7 @@ def parse_tau(text: str) -> tuple[float, int, str]:
     return tau, kk, label or f"tau {tau:g} at k={kk}"
 
 
-#: our default draft's held-out tau at 4 draft tokens (README), and hypothetical stronger drafts
+#: our default draft's held-out tau at 4 draft tokens (bench/results/2026-12-04-make-bench-cpu.md), and hypothetical stronger drafts
 DEFAULT_TAUS = ("1.55@4=ours, chat", "2.03@4=ours, raw code", "3@15", "5@15", "7@15")
 
 

@@ -7,9 +7,10 @@ with the highest sustained throughput, not the highest acceptance.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .._llama import Model, recent_log_messages
 from ..config import SpecConfig, TargetConfig
@@ -24,7 +25,7 @@ from .probe import probe_step_costs
 from .runner import (ModeResult, RunResult, draft_length_settable, first_divergence, merge_speculators, oracle_supported,
                      raise_context, run_oracle, skipped_notes, timed_run)
 
-__all__ = ["SweepConfig", "SweepCell", "SweepResult", "run_sweep", "format_sweep"]
+__all__ = ["SweepConfig", "SweepCell", "SweepResult", "run_sweep", "format_sweep", "setting_label", "DEFAULT_LABEL"]
 
 
 @dataclass
@@ -40,6 +41,9 @@ class SweepConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     oracle: bool = False  # also run the oracle at every fixed draft length
     probe: bool = True  # time verify/draft of every k in isolation for the cost model
+    # what `generate` and `serve` run by default (`--spec-type auto` over the same draft), measured
+    # beside the draft's own lengths in every round; None: not measured
+    default_spec: Optional[SpecConfig] = None
 
     def __post_init__(self) -> None:
         if not self.workloads or any(not p for p in self.workloads.values()):
@@ -62,6 +66,11 @@ class SweepCell:
     speculative: dict  # draft tokens actually used (int or "auto") -> result
     oracle: dict = field(default_factory=dict)  # fixed draft length -> oracle result (--oracle)
     step_costs: Optional[StepCosts] = None
+    default: Optional[ModeResult] = None  # `--spec-type auto`, the default of generate and serve
+
+    def default_speedup(self) -> Optional[float]:
+        base = self.ordinary.aggregate_tokens_per_second
+        return self.default.aggregate_tokens_per_second / base if self.default is not None and base else None
 
     def speedup(self, k: int) -> float:
         base = self.ordinary.aggregate_tokens_per_second
@@ -131,6 +140,12 @@ class SweepCell:
                                if self.oracle_ceiling else None),
             "phases": self.phase_table(),
             "cost_model": cost_model_dict(self.cost_model(), *self.decode_speedups()),
+            **({"spec_type_auto": {
+                **self.default.to_dict(), "speedup": self.default_speedup(),
+                "output_tokens_match": self.ordinary.runs[0].output_tokens == self.default.runs[0].output_tokens,
+                "first_divergence": first_divergence(self.ordinary.runs[0].output_tokens,
+                                                     self.default.runs[0].output_tokens),
+            }} if self.default is not None else {}),
         }
 
 
@@ -208,10 +223,11 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
         try:
             notes = fit_context(cfg, model)
             with LlamaDFlashDecoding(cfg.target, cfg.spec, model=model) as spec_dec, \
-                    OrdinaryDecoding(cfg.target, model=model) as ord_dec:
+                    OrdinaryDecoding(cfg.target, model=model) as ord_dec, \
+                    _default_engine(cfg, model) as default_dec:
                 load = time.perf_counter() - t0
                 notes += skipped_notes(spec_dec, cfg.oracle, cfg.probe)
-                cells = _sweep(cfg, spec_dec, ord_dec, tick, notes)
+                cells = _sweep(cfg, spec_dec, ord_dec, tick, notes, default_dec)
                 costs = None
                 if cfg.probe and spec_dec.draft_info is not None:
                     first = ord_dec.tokenize(next(iter(cfg.workloads.values()))[0])
@@ -226,6 +242,25 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Any] = None) -> SweepResult:
     warnings = [str(w.message) for w in caught] + [f"llama.cpp {lvl}: {m}" for lvl, m in recent_log_messages()]
     return SweepResult(cfg, algorithm, cells, load, warnings, step_costs=costs, backend=backend_info(),
                        speculator_names=names, notes=notes)
+
+
+@contextlib.contextmanager
+def _default_engine(cfg: SweepConfig, model: Model) -> Iterator[Optional[LlamaDFlashDecoding]]:
+    """The `--spec-type auto` engine on the same model, or None when the sweep does not measure it."""
+    if cfg.default_spec is None:
+        yield None
+        return
+    with LlamaDFlashDecoding(cfg.target, cfg.default_spec, model=model) as dec:
+        yield dec
+
+
+def setting_label(k: Any) -> str:
+    """A draft-length setting named for what it is: k=N (fixed) or adaptive (--draft-tokens auto)."""
+    return "adaptive" if k == "auto" else f"k={k}"
+
+
+#: the row of `--spec-type auto` (the per-step choice of speculator, the default of generate and serve)
+DEFAULT_LABEL = "spec-type auto"
 
 
 def fit_context(cfg: SweepConfig, model: Model) -> list[str]:
@@ -245,13 +280,14 @@ def sweep_steps(cfg: SweepConfig) -> int:
     """Number of generations a sweep runs (for a progress bar)."""
     n_prompts = sum(len(p) for p in cfg.workloads.values())
     fixed = len({k for k in cfg.draft_tokens if k != "auto"}) if cfg.oracle else 0
-    per_round = 1 + len(set(cfg.draft_tokens)) + fixed
+    per_round = 1 + len(set(cfg.draft_tokens)) + fixed + (cfg.default_spec is not None)
     warm = 2 if cfg.warmup_tokens else 0
     return n_prompts * len(cfg.max_tokens) * per_round * cfg.runs + warm
 
 
 def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDecoding,
-           tick: Callable[[], None], notes: Optional[list[str]] = None) -> list[SweepCell]:
+           tick: Callable[[], None], notes: Optional[list[str]] = None,
+           default_dec: Optional[LlamaDFlashDecoding] = None) -> list[SweepCell]:
     encoded = {name: [ord_dec.tokenize(p) for p in prompts] for name, prompts in cfg.workloads.items()}
     if cfg.warmup_tokens:
         first = next(iter(encoded.values()))[0]
@@ -259,6 +295,8 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
         tick()
         spec_dec.generate(first, cfg.warmup_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
         tick()
+        if default_dec is not None:
+            default_dec.generate(first, cfg.warmup_tokens, cfg.sampling, ignore_eos=cfg.ignore_eos)
     settable = draft_length_settable(spec_dec)
     if settable:
         # clamp once so that duplicates (e.g. 8 and 16 on a block of 8) are measured once
@@ -280,10 +318,15 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
                     for k in ks}
             oracle = {k: ModeResult("oracle", stats=SpecStats(algorithm=spec_dec.algorithm, draft_n_max=k))
                       for k in oracle_ks}
+            default = None if default_dec is None else ModeResult(
+                default_dec.algorithm, stats=SpecStats(algorithm=default_dec.algorithm))
             for _ in range(cfg.runs):
                 run, refs = _run_prompts(lambda i, p: timed_run(ord_dec, p, cfg, max_tokens), prompts,
                                          ordinary.stats, tick)
                 ordinary.runs.append(run)
+                if default is not None:
+                    default.runs.append(_run_prompts(lambda i, p: timed_run(default_dec, p, cfg, max_tokens),
+                                                     prompts, default.stats, tick, default.speculators)[0])
                 for k in ks:
                     if settable:
                         spec_dec.set_draft_n_max(k)
@@ -293,7 +336,7 @@ def _sweep(cfg: SweepConfig, spec_dec: LlamaDFlashDecoding, ord_dec: OrdinaryDec
                     oracle[k].runs.append(_run_prompts(
                         lambda i, p, k=k: run_oracle(spec_dec, k, p, refs[i], cfg, max_tokens),
                         prompts, oracle[k].stats, tick, oracle[k].speculators)[0])
-            cells.append(SweepCell(name, max_tokens, ordinary, spec, oracle))
+            cells.append(SweepCell(name, max_tokens, ordinary, spec, oracle, default=default))
     return cells
 
 
@@ -310,34 +353,50 @@ def format_sweep(res: SweepResult) -> str:
         lines.append("")
     for cell in res.cells:
         lines.append(f"[sweep: workload {cell.workload}, {cell.max_tokens} tokens, {res.config.runs} runs]")
-        lines.append(f"  {'draft':>5} {'token/s':>9} {'median':>9} {'speedup':>8} {'accept':>7} "
+        w = max([len("ordinary"), len(DEFAULT_LABEL) if cell.default is not None else 0]
+                + [len(setting_label(k)) for k in cell.speculative])
+        lines.append(f"  {'setting':<{w}} {'token/s':>9} {'median':>9} {'speedup':>8} {'accept':>7} "
                      f"{'tau':>5} {'acc/step':>8} {'rollbacks':>9} {'oracle':>7}  match")
         o = cell.ordinary
-        lines.append(f"  {'ord.':>5} {o.aggregate_tokens_per_second:9.2f} {o.median_tokens_per_second:9.2f} "
+        lines.append(f"  {'ordinary':<{w}} {o.aggregate_tokens_per_second:9.2f} {o.median_tokens_per_second:9.2f} "
                      f"{1.0:8.3f} {'-':>7} {'-':>5} {'-':>8} {'-':>9} {'-':>7}  -")
-        for k, m in cell.speculative.items():
+
+        def row(label: str, m: ModeResult, speedup: float, orc: Optional[float], match: bool) -> str:
             s = m.stats
-            orc = cell.oracle_speedup(k)
-            lines.append(
-                f"  {k:>5} {m.aggregate_tokens_per_second:9.2f} {m.median_tokens_per_second:9.2f} "
-                f"{cell.speedup(k):8.3f} {100 * s.acceptance_rate:6.1f}% {s.tokens_per_step:5.2f} "
-                f"{s.accepted_per_step:8.2f} {s.rollbacks:9d} {f'{orc:.3f}' if orc is not None else '-':>7}  "
-                f"{cell.output_match(k)}"
-            )
+            return (f"  {label:<{w}} {m.aggregate_tokens_per_second:9.2f} {m.median_tokens_per_second:9.2f} "
+                    f"{speedup:8.3f} {100 * s.acceptance_rate:6.1f}% {s.tokens_per_step:5.2f} "
+                    f"{s.accepted_per_step:8.2f} {s.rollbacks:9d} {f'{orc:.3f}' if orc is not None else '-':>7}  "
+                    f"{match}")
+
+        if cell.default is not None:
+            d = cell.default
+            lines.append(row(DEFAULT_LABEL, d, cell.default_speedup() or 0.0, None,
+                             o.runs[0].output_tokens == d.runs[0].output_tokens))
+        for k, m in cell.speculative.items():
+            lines.append(row(setting_label(k), m, cell.speedup(k), cell.oracle_speedup(k), cell.output_match(k)))
+        lines.append("  (" + (f"{DEFAULT_LABEL}: what generate and serve run by default, per step the lookup, the "
+                              "draft or no draft; " if cell.default is not None else "")
+                     + "k=N: the draft alone at a fixed draft length; adaptive: the draft alone, its length chosen "
+                     "every step (--draft-tokens auto))")
         lines.append("  (tau: tokens per verification step = accepted + 1; acc/step: accepted drafts per step; "
                      "oracle: speedup with every draft token right, measured)")
+        if cell.default is not None and cell.default.speculators:
+            lines += format_speculators(cell.default.speculators, DEFAULT_LABEL)
         for k, m in cell.speculative.items():
             if m.speculators:
-                lines += format_speculators(m.speculators, f"draft tokens {k}")
+                lines += format_speculators(m.speculators, setting_label(k))
         best = cell.best_draft_tokens
         if best is None:
-            lines.append("  best setting        : ordinary decoding (no draft length was faster)")
+            lines.append("  best draft length   : none (ordinary decoding was faster than every draft length)")
         else:
-            lines.append(f"  best setting        : draft tokens {best} ({cell.speedup(best):.3f}x)")
+            lines.append(f"  best draft length   : {setting_label(best)} ({cell.speedup(best):.3f}x)")
+        if cell.default is not None:
+            lines.append(f"  by default          : {DEFAULT_LABEL} ({cell.default_speedup() or 0.0:.3f}x), what "
+                         "`llama-dflash generate` and `serve` run")
         ceiling = cell.oracle_ceiling
         if ceiling is not None:
             k, x = ceiling
-            lines.append(f"  oracle ceiling      : {x:.3f}x at draft tokens {k} (fastest fixed draft length; "
+            lines.append(f"  oracle ceiling      : {x:.3f}x at {setting_label(k)} (fastest fixed draft length; "
                          f"measured {cell.speedup(k):.3f}x)")
         lines += ["", *format_phases(cell.phase_table()), ""]
         lines += [*format_cost_model(cell.cost_model(), *cell.decode_speedups()), ""]

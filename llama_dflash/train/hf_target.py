@@ -84,10 +84,13 @@ def _bpe_tokenizer(path: str, info: dict) -> tuple[dict, dict]:
 
 
 def write_target_dir(target_gguf: str, out_dir: str) -> str:
-    """Write `config.json` and the tokenizer of `target_gguf` into `out_dir` for `--target-model-dir`."""
+    """Write `config.json` (architecture, vocabulary size, and the shape keys the converter reads
+    for an EAGLE-3 draft: hidden size, layer count...) and the tokenizer of `target_gguf` into
+    `out_dir` for `--target-model-dir`."""
     from ..inspect import read_gguf
 
-    arch = _HF_ARCH.get(read_gguf(target_gguf).architecture, "LlamaForCausalLM")
+    ginfo = read_gguf(target_gguf)
+    arch = _HF_ARCH.get(ginfo.architecture, "LlamaForCausalLM")
     info = _tokenizer_fields(target_gguf)
     model = info.get("tokenizer.ggml.model")
     if model not in ("llama", "gpt2"):
@@ -96,17 +99,30 @@ def write_target_dir(target_gguf: str, out_dir: str) -> str:
     tokens = list(info.get("tokenizer.ggml.tokens"))
     n = len(tokens)
     os.makedirs(out_dir, exist_ok=True)
+    # whether the tokenizer adds BOS / EOS: llama.cpp compares them between a target and a draft-simple model
+    flags = {key: bool(info.get(f"tokenizer.ggml.{key}")) for key in ("add_bos_token", "add_eos_token")
+             if isinstance(info.get(f"tokenizer.ggml.{key}"), bool)}
     if model == "llama":
         scores = list(info.get("tokenizer.ggml.scores") or [0.0] * n)
         types = list(info.get("tokenizer.ggml.token_type") or [1] * n)
         with open(os.path.join(out_dir, "tokenizer.model"), "wb") as f:
             f.write(_spm_model(tokens, scores, types))
+        files = [("tokenizer_config.json", flags)] if flags else []
     else:
         tok, tok_cfg = _bpe_tokenizer(target_gguf, info)
-        for name, obj in (("tokenizer.json", tok), ("tokenizer_config.json", tok_cfg)):
-            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-                json.dump(obj, f, ensure_ascii=False)
+        files = [("tokenizer.json", tok), ("tokenizer_config.json", {**tok_cfg, **flags})]
+    for name, obj in files:
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False)
     cfg = {"architectures": [arch], "model_type": "llama", "vocab_size": n}
+    # the shape keys an EAGLE-3 conversion reads from the target (its default target layers, its hidden size)
+    g = ginfo.architecture
+    for key, gkey in (("hidden_size", "embedding_length"), ("num_hidden_layers", "block_count"),
+                      ("intermediate_size", "feed_forward_length"), ("num_attention_heads", "attention.head_count"),
+                      ("num_key_value_heads", "attention.head_count_kv"), ("max_position_embeddings", "context_length")):
+        v = ginfo.get(f"{g}.{gkey}")
+        if isinstance(v, int) and not isinstance(v, bool):
+            cfg[key] = int(v)
     for key, gkey in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("eos_token_id", "tokenizer.ggml.eos_token_id")):
         if isinstance(info.get(gkey), int):
             cfg[key] = int(info.get(gkey))

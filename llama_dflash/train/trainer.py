@@ -17,7 +17,8 @@ from .data import FeatureCache
 from .device import Dist, autocast, param_checksum
 from .model import DraftModel
 
-__all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma", "EarlyStop"]
+__all__ = ["TrainConfig", "make_batch", "block_loss", "train", "pick_mask_token", "decay_gamma", "EarlyStop",
+           "BlockObjective"]
 
 
 @dataclass
@@ -188,6 +189,35 @@ def block_loss(model: DraftModel, batch, gamma: float, conf_weight: float = 1.0,
     return loss, acc, n1
 
 
+@dataclass
+class BlockObjective:
+    """The DFlash/DSpark objective: random anchors per sequence, a block per anchor (`make_batch`),
+    position-decayed CE over the slots the algorithm reads (`block_loss`). `train` uses it unless
+    given another objective (objectives.py: EAGLE-3, plain drafts): anything with
+    `batch(cache, idx, rng)` and `loss(model, batch) -> (loss, first-slot accuracy, labels)`."""
+
+    mask_id: int
+    block: int
+    anchors_per_seq: int
+    gamma: float
+    max_context: int = 1024
+    anchor_first: bool = False
+    distill: float = 0.0
+
+    @classmethod
+    def for_model(cls, model: DraftModel, cfg: "TrainConfig", mask_id: int) -> "BlockObjective":
+        block = model.shape.block_size
+        return cls(mask_id, block, cfg.anchors_per_seq, cfg.gamma or decay_gamma(block), cfg.max_context,
+                   anchor_first=model.first_slot == 0, distill=cfg.distill)
+
+    def batch(self, cache: FeatureCache, idx: list[int], rng: np.random.Generator):
+        return make_batch(cache, idx, self.block, self.anchors_per_seq, self.mask_id, rng, self.max_context,
+                          anchor_first=self.anchor_first, soft=self.distill > 0)
+
+    def loss(self, model: DraftModel, batch) -> tuple[torch.Tensor, float, int]:
+        return block_loss(model, batch, self.gamma, distill=self.distill)
+
+
 def _best_path(ckpt_path: str) -> str:
     root, ext = os.path.splitext(ckpt_path)
     return root + ".best" + (ext or ".pt")
@@ -249,9 +279,10 @@ def _lr_at(step: int, cfg: TrainConfig, seconds: float = 0.0) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
 
 
-def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: int, train_ids: list[int],
-          ckpt_path: Optional[str] = None, progress: bool = True, device: Optional[torch.device] = None,
-          dist: Optional[Dist] = None, evaluate: Optional[Callable[[DraftModel], dict]] = None) -> dict:
+def train(model: torch.nn.Module, cache: FeatureCache, cfg: TrainConfig, *, mask_id: Optional[int] = None,
+          train_ids: list[int], ckpt_path: Optional[str] = None, progress: bool = True,
+          device: Optional[torch.device] = None, dist: Optional[Dist] = None,
+          evaluate: Optional[Callable[[torch.nn.Module], dict]] = None, objective=None) -> dict:
     """Train in place on `device` (default: where the model is); resumes from ckpt_path when it
     exists. With `dist` (several processes) every rank draws its own batches and the gradients are
     averaged, so all ranks keep the same weights; only rank 0 writes checkpoints and progress.
@@ -259,15 +290,20 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
     With `evaluate` (a held-out measure returning {"mean_accepted": ...}) and cfg.eval_every, the
     best weights so far are kept (`<ckpt>.best.pt`), training stops after cfg.patience evaluations
     without improvement, and the model ends with the best weights. Returns a summary dict
-    (losses averaged over the ranks)."""
+    (losses averaged over the ranks).
+
+    `objective` (default: `BlockObjective` for a DFlash/DSpark `DraftModel`, which needs `mask_id`)
+    makes the batches and the loss."""
     if cfg.distill > 0 and cache.soft is None:
         raise ValueError("distill > 0 needs the target's distributions in the cache: run "
                          "soft_labels.add_soft_labels on it first")
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     model.to(device)
-    block = model.shape.block_size
-    gamma = cfg.gamma or decay_gamma(block)
+    if objective is None:
+        if mask_id is None:
+            raise ValueError("the block objective needs the draft's mask token id")
+        objective = BlockObjective.for_model(model, cfg, mask_id)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -336,11 +372,10 @@ def train(model: DraftModel, cache: FeatureCache, cfg: TrainConfig, *, mask_id: 
         for g in opt.param_groups:
             g["lr"] = lr = _lr_at(step, cfg, seconds0 + time.time() - t0)
         idx = list(rng.choice(train_ids, size=min(cfg.batch_size, len(train_ids)), replace=False))
-        batch = make_batch(cache, idx, block, cfg.anchors_per_seq, mask_id, rng, cfg.max_context,
-                           anchor_first=model.first_slot == 0, soft=cfg.distill > 0)
+        batch = objective.batch(cache, idx, rng)
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
         with autocast(device, cfg.amp):
-            loss, acc, _ = block_loss(model, batch, gamma, distill=cfg.distill)
+            loss, acc, _ = objective.loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         dist.average_grads(params)

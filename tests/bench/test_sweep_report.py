@@ -40,9 +40,12 @@ def test_sweep_table_names_best_setting(sweep_run):
     proc, _ = sweep_run
     for name in WORKLOADS:
         assert f"[sweep: workload {name}, 12 tokens, 2 runs]" in proc.stdout
-    assert proc.stdout.count("best setting") == len(WORKLOADS)
+    assert proc.stdout.count("best draft length") == len(WORKLOADS)
     for k in ("1", "2", "4"):
-        assert any(line.split()[:1] == [k] for line in proc.stdout.splitlines())
+        assert any(line.split()[:1] == [f"k={k}"] for line in proc.stdout.splitlines())
+    # one meaning per word: the default of generate/serve (--spec-type auto) beside the draft's lengths
+    assert any(line.startswith("  spec-type auto ") for line in proc.stdout.splitlines())
+    assert proc.stdout.count("by default          : spec-type auto") == len(WORKLOADS)
 
 
 def test_sweep_json_has_every_setting(sweep_run):

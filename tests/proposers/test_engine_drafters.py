@@ -99,5 +99,5 @@ def test_spec_type_none_is_ordinary_decoding(tiny_config):
 def test_draft_n_max_of_a_token_only_engine(tiny_config):
     with LlamaDFlashDecoding(tiny_config, SpecConfig(spec_type="ngram-simple")) as eng:
         assert eng.draft_n_max == 48
-        with pytest.raises(ValueError, match="draft model"):
+        with pytest.raises(ValueError, match="model drafting alone"):
             eng.set_draft_n_max(4)

@@ -183,7 +183,11 @@ def test_metrics_label_ordinary(tiny_target):
         client = TestClient(create_app(llm))
         r = client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and r.json()["speculative"]["algorithm"] == "ordinary"
-        assert 'algorithm="ordinary"' in client.get("/metrics").text
+        # every token of an ordinary answer is the target's own: tau 1.0, not 0.0
+        assert r.json()["speculative"]["tau"] == r.json()["speculative"]["mean_accepted_length"] == 1.0
+        metrics = client.get("/metrics").text
+        assert 'algorithm="ordinary"' in metrics
+        assert 'llama_dflash_tokens_per_step{algorithm="ordinary"} 1.0' in metrics
     finally:
         llm.close()
 

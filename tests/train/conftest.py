@@ -14,7 +14,7 @@ def tiny_target(tmp_path_factory):
     return write_tiny_target(path, n_embd=64, n_layer=4)
 
 
-def make_cycle_target(path: str) -> str:
+def make_cycle_target(path: str, n_layer: int = 2) -> str:
     """A tiny llama whose greedy continuation is trivially predictable: every layer adds nothing
     (attention output and FFN down are zero), and the head maps the word piece of letter x to
     the one of the next letter (BOS -> 'a'), so greedy text cycles a b c ... z a b ..."""
@@ -22,7 +22,7 @@ def make_cycle_target(path: str) -> str:
 
     from llama_dflash.writer import tiny_vocab, write_tiny_target
 
-    write_tiny_target(path, n_embd=64, n_layer=2, seed=1)
+    write_tiny_target(path, n_embd=64, n_layer=n_layer, seed=1)
     tokens = tiny_vocab()[0]
     ids = [tokens.index("\u2581" + chr(c)) for c in range(ord("a"), ord("z") + 1)]
     r = GGUFReader(path, "r+")
