@@ -268,9 +268,11 @@ class Model(_Handle):
 
     def __init__(self, path: str, n_gpu_layers: int = -1, repack: Optional[bool] = None, *,
                  split_mode: Optional[int] = None, main_gpu: Optional[int] = None,
-                 tensor_split: Optional[Sequence[float]] = None, load_mtp: bool = False):
+                 tensor_split: Optional[Sequence[float]] = None, load_mtp: bool = False,
+                 vocab_only: bool = False):
         """`load_mtp`: also load the model's MTP (nextn) blocks, for `draft-mtp` (llama.cpp skips
-        them by default, and an MTP context on a model loaded without them has no graph)."""
+        them by default, and an MTP context on a model loaded without them has no graph).
+        `vocab_only`: the vocabulary alone (no weights: quick; no context can be made on it)."""
         super().__init__()
         ensure_backend()
         params = ll.llama_model_default_params()
@@ -297,6 +299,7 @@ class Model(_Handle):
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
         params.use_extra_bufts = self.repack
         params.load_mtp = self.load_mtp = bool(load_mtp)
+        params.vocab_only = bool(vocab_only)
         ptr = ll.llama_model_load_from_file(path.encode("utf-8"), params)
         if not ptr:
             raise LlamaCallError(f"llama.cpp could not load the model {path} (run with --verbose for its log)")

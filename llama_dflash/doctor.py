@@ -25,7 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from .draft_models import AnyDraftInfo, draft_summary, guess_algorithm, resolve_draft
+from .draft_models import (AnyDraftInfo, SimpleDraftInfo, check_vocab_files, draft_summary, guess_algorithm,
+                           resolve_draft)
 from .errors import DFlashError, IncompatibleModelError, UnsupportedTargetError
 from .inspect import (LAYER_INPUT_ARCHS, RS_ROLLBACK_ARCHS, GGUFInfo, check_gguf_file, target_layer_limit,
                       validate_target)
@@ -218,6 +219,8 @@ def diagnose(target: str, drafts: Sequence[str] = (), *, probe: bool = True, n_g
         label = f"draft {os.path.basename(path)}"
         try:
             d = resolve_draft(info, path, guess_algorithm(path))
+            if isinstance(d, SimpleDraftInfo):  # llama.cpp's vocabulary rule, on the loaded vocabularies
+                check_vocab_files(info.path, path)
         except (DFlashError, OSError) as err:
             diag.checks.append(_failed(label, err, draft=True))
             continue

@@ -31,7 +31,7 @@ from .inspect import (DraftInfo, GGUFInfo, _check_d2t, _check_float_weights, _ch
                       get_per_layer, get_str, read_gguf, validate_pair, validate_target)
 
 __all__ = ["Eagle3Info", "SimpleDraftInfo", "AnyDraftInfo", "draft_label", "resolve_draft", "validate_draft_files",
-           "guess_algorithm", "draft_summary", "validate_eagle3_pair",
+           "guess_algorithm", "draft_summary", "check_vocab_files", "validate_eagle3_pair",
            "validate_simple_pair", "check_vocab_compatible", "EAGLE3_N_LAYERS", "VOCAB_MAX_SIZE_DIFFERENCE",
            "VOCAB_CHECK_START"]
 
@@ -264,6 +264,15 @@ def validate_simple_pair(target: GGUFInfo, draft: GGUFInfo) -> SimpleDraftInfo:
         raise IncompatibleModelError(draft.path, "tokenizer.ggml.tokens", None,
                                      "a vocabulary (a draft model proposes token ids of the target's vocabulary)")
     return SimpleDraftInfo(draft)
+
+
+def check_vocab_files(target_path: str, draft_path: str) -> None:
+    """`check_vocab_compatible` on two files, their vocabularies loaded alone (no weights)."""
+    from ._llama import Model
+
+    with Model(target_path, n_gpu_layers=0, vocab_only=True) as target, \
+            Model(draft_path, n_gpu_layers=0, vocab_only=True) as draft:
+        check_vocab_compatible(target.vocab, draft.vocab, draft_path, f"the target {os.path.basename(target_path)}")
 
 
 def check_vocab_compatible(target_vocab: int, draft_vocab: int, draft_path: str, target_name: str = "the target") -> None:

@@ -379,3 +379,20 @@ def test_compare_speculators_runs_both_kinds_side_by_side_per_workload(files):
         assert rows[name]["verdict"].split(":")[0] in ("pays", "loses") and name in table
     assert set(data["by_workload"]) == {"prose", "copy"} and "by workload (tau / speedup):" in table
     assert data["by_workload"]["prose"]["draft-eagle3 (eagle3.gguf)"]["tau"] > 1.0
+
+
+def test_doctor_reads_both_kinds(files):
+    """`llama-dflash doctor TARGET DRAFT...` checks an EAGLE-3 head and a classic draft, lists them
+    among the speculators that apply, and times the break-even with the first one's drafts."""
+    from llama_dflash.doctor import diagnose, format_diagnosis
+
+    diag = diagnose(files["target"], [files["draft-eagle3"], files["draft-simple"]], n_threads=1, repeats=1)
+    assert diag.ok, format_diagnosis(diag)
+    checks = {c.subject: c.detail for c in diag.checks}
+    assert "EAGLE-3 head" in checks["draft eagle3.gguf"] and "draft-simple" in checks["draft simple.gguf"]
+    applies = [a["name"] for a in diag.applies]
+    assert "draft-eagle3 (eagle3.gguf)" in applies and "draft-simple (simple.gguf)" in applies
+    assert diag.probe["ran"] and "eagle3.gguf" in diag.probe["how"] and diag.break_even[0]["draft_cost"] is not None
+    other = _simple(files, "doctor-vocab", token_edits={270: "zz"})  # llama.cpp's rule, checked before a run
+    bad = diagnose(files["target"], [other], probe=False)
+    assert not bad.ok and any(c.status == "fail" and "tokenizer.ggml.tokens[270]" in c.detail for c in bad.checks)
