@@ -39,7 +39,6 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .. import _bindings as ext
-from .._batch import logits_ith_addr
 from .._llama import BatchExt, Context, Model, seq_state, set_seq_state
 from ..config import SpecConfig
 from ..draft_models import Eagle3Info
@@ -47,7 +46,7 @@ from ..errors import LlamaCallError
 from ..stats import SpecStats
 from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
 from .simple import DEFAULT_AR_N_MAX
-from .topk import top_candidate
+from .topk import draft_length, finish_draft, row_logits, top_candidate
 
 __all__ = ["Eagle3Proposer"]
 
@@ -215,7 +214,7 @@ class Eagle3Proposer:
             return []  # the head lacks rows (a state restored behind its back)
         # llama.cpp drafts up to n_max and cuts to the budget after n_min: drafting past n only
         # decides n_min, so only that far
-        n_want = min(self.n_max, max(n, self.n_min), self.target.n_ctx - pos)
+        n_want = min(draft_length(n, self.n_max, self.n_min), self.target.n_ctx - pos)
         t0 = time.perf_counter()
         tokens: list[int] = []
         with_prob = self.p_min > 0.0
@@ -238,7 +237,7 @@ class Eagle3Proposer:
                     raise LlamaCallError(f"EAGLE-3 draft decode at position {pos + i} failed (rc {rc})")
                 if i == 0:
                     self._end = n_past  # the boundary row (id_last's) stays
-                tok, prob = top_candidate(self._logits(), with_prob)
+                tok, prob = top_candidate(row_logits(ctx.ptr, 0, self.n_vocab, "the EAGLE-3 decoder"), with_prob)
                 if prob < self.p_min:
                     break
                 tokens.append(tok)
@@ -252,22 +251,7 @@ class Eagle3Proposer:
             # only the boundary row stays: the drafted cells go
             self.ctx.seq_rm(0, n_past, -1)
             self._end = min(self._end, n_past)
-        if len(tokens) < self.n_min:
-            tokens = []
-        tokens = tokens[:n]
-        self.stats.draft_seconds += time.perf_counter() - t0
-        self.stats.draft_steps += 1
-        if shadow:
-            self.stats.shadow_drafted += len(tokens)
-        else:
-            self.stats.drafted += len(tokens)
-        return tokens
-
-    def _logits(self) -> np.ndarray:
-        ptr = logits_ith_addr(self.ctx.ptr, 0)
-        if not ptr:
-            raise LlamaCallError("the EAGLE-3 decoder produced no logits")
-        return float_view(ptr, (self.n_vocab,))
+        return finish_draft(self.stats, tokens, n, self.n_min, t0, shadow)
 
     def accept(self, n_accepted: int) -> None:
         """Nothing: the accepted rows arrive through `inject`."""

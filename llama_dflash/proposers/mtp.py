@@ -31,16 +31,15 @@ import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from .. import _bindings as ext
-from .._batch import logits_ith_addr
 from .._llama import BatchExt, Context
 from ..config import SpecConfig
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..stats import SpecStats
 from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
+from .topk import draft_length, finish_draft, row_logits, top_candidate
 
 __all__ = ["MTPProposer", "MTP_GRAPH_ARCHS", "DEFAULT_MTP_N_MAX", "mtp_layers"]
 
-CANDIDATES = 10  # as llama.cpp's driver: a top-10 sampler per draft row
 #: draft length of draft_n_max="auto" (the adaptive controller's ceiling); one head's drafts
 #: lose accuracy quickly with depth
 DEFAULT_MTP_N_MAX = 4
@@ -213,16 +212,18 @@ class MTPProposer:
                 history: Sequence[int] = ()) -> list[int]:
         """Up to n tokens after id_last (at position n_past), one MTP decode per token."""
         n = min(n, self.n_max)
-        if n <= 0 or n_past + n > self.target.n_ctx:
+        n_want = min(draft_length(n, self.n_max, self.n_min), self.target.n_ctx - n_past)
+        if n <= 0 or n_want <= 0:
             return []
         self.flush()
         t0 = time.perf_counter()
         tokens: list[int] = []
         ctx, batch, row = self.ctx, self.batch, self._row
         row[0] = self._hidden_at(n_past - 1) if n_past > 0 else 0.0
+        with_prob = self.p_min > 0.0
         try:
             tok = id_last
-            for i in range(n):
+            for i in range(n_want):
                 batch.clear()
                 idx = batch.add_token(tok, n_past + i, True)
                 self._embd_data.value = row.ctypes.data
@@ -231,11 +232,11 @@ class MTPProposer:
                 rc = batch.process()
                 if rc != 0:
                     raise LlamaCallError(f"MTP draft decode at position {n_past + i} failed (rc {rc})")
-                tok, prob = self._top(0)
+                tok, prob = top_candidate(row_logits(ctx.ptr, 0, self.target.n_vocab, "the MTP head"), with_prob)
                 if prob < self.p_min:
                     break
                 tokens.append(tok)
-                if i + 1 < n:
+                if i + 1 < n_want:
                     h = ext.llama_get_embeddings_nextn_ith(ctx.ptr, 0)
                     if not h:
                         raise LlamaCallError("the MTP head produced no hidden state (llama_get_embeddings_nextn_ith)")
@@ -244,28 +245,7 @@ class MTPProposer:
             # keep only rows of committed positions: the drafted cells go
             self.ctx.seq_rm(0, n_past, -1)
             self._end = min(self._end, n_past)
-        if len(tokens) < self.n_min:
-            tokens = []
-        self.stats.draft_seconds += time.perf_counter() - t0
-        self.stats.draft_steps += 1
-        if shadow:
-            self.stats.shadow_drafted += len(tokens)
-        else:
-            self.stats.drafted += len(tokens)
-        return tokens
-
-    def _top(self, i: int) -> tuple[int, float]:
-        """Row i's top token (lowest id among equal logits) and, with p_min > 0, its probability
-        under a softmax over the top CANDIDATES logits (else 1.0)."""
-        ptr = logits_ith_addr(self.ctx.ptr, i)
-        if not ptr:
-            raise LlamaCallError(f"the MTP head produced no logits for row {i}")
-        logits = float_view(ptr, (self.target.n_vocab,))
-        tok = int(np.argmax(logits))
-        if self.p_min <= 0.0:
-            return tok, 1.0
-        cand = logits[np.argpartition(logits, -CANDIDATES)[-CANDIDATES:]]
-        return tok, float(1.0 / np.exp(cand - logits[tok]).sum())
+        return finish_draft(self.stats, tokens, n, self.n_min, t0, shadow)
 
     def accept(self, n_accepted: int) -> None:
         """Nothing: the accepted rows arrive through `inject`."""

@@ -33,15 +33,15 @@ from typing import Sequence
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from .._batch import TokenBatch, logits_ith_addr
+from .._batch import TokenBatch
 from .._llama import Context, Model, seq_state, set_seq_state
 from ..config import SpecConfig
 from ..draft_models import SimpleDraftInfo, check_vocab_compatible
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..rewind import is_recurrent_model
 from ..stats import SpecStats
-from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
-from .topk import top_candidate
+from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads
+from .topk import draft_length, finish_draft, row_logits, top_candidate
 
 __all__ = ["SimpleDraftProposer", "DEFAULT_AR_N_MAX"]
 
@@ -136,7 +136,8 @@ class SimpleDraftProposer:
                 history: Sequence[int] = ()) -> list[int]:
         """Up to min(n, n_max) tokens after id_last (at position n_past), one draft decode per token."""
         n = min(n, self.n_max)
-        if n <= 0 or n_past + n > self.target.n_ctx:
+        n_want = draft_length(n, self.n_max, self.n_min)
+        if n <= 0 or n_past + n_want > self.target.n_ctx:
             return []
         self.flush()
         if self._end != n_past:
@@ -149,32 +150,18 @@ class SimpleDraftProposer:
         n_target = self.target.n_vocab
         try:
             tok = id_last
-            for i in range(n):
+            for i in range(n_want):
                 self.batch.set((tok,), n_past + i, logits="last")
                 rc = self.batch.decode(self.ctx.ptr)
                 if rc != 0:
                     raise LlamaCallError(f"draft decode at position {n_past + i} failed (rc {rc})")
-                tok, prob = top_candidate(self._logits(), with_prob)
+                tok, prob = top_candidate(row_logits(self.ctx.ptr, 0, self.n_vocab, "the draft model"), with_prob)
                 if prob < self.p_min or tok >= n_target:
                     break
                 tokens.append(tok)
         finally:
             self._cut(n_past)  # the drafted cells (and id_last's) go
-        if len(tokens) < self.n_min:
-            tokens = []
-        self.stats.draft_seconds += time.perf_counter() - t0
-        self.stats.draft_steps += 1
-        if shadow:
-            self.stats.shadow_drafted += len(tokens)
-        else:
-            self.stats.drafted += len(tokens)
-        return tokens
-
-    def _logits(self) -> np.ndarray:
-        ptr = logits_ith_addr(self.ctx.ptr, 0)
-        if not ptr:
-            raise LlamaCallError("the draft model produced no logits")
-        return float_view(ptr, (self.n_vocab,))
+        return finish_draft(self.stats, tokens, n, self.n_min, t0, shadow)
 
     def _cut(self, pos: int) -> None:
         if not self.ctx.seq_rm(0, pos, -1):

@@ -17,8 +17,9 @@ The draft shares the target's token embeddings and LM head (`ctx_other`), whose 
 DFlash reads slots 1..n: its first token is succ[id_last] (right wherever the target did not
 drift), the later ones repeat it (wrong), so steps accept 0 or 1 tokens.  DSpark's Markov head
 biases slot i towards succ[slot i-1's choice], so its block follows the successor map as far as
-the target does; its confidence head is random.  DFlash2 adds conv kernels that pass the hidden
-state through and a random selector over the slots' top-k candidates.
+the target does; its confidence head passes about two slots in three at p_min 0.6.  DFlash2
+adds conv kernels that pass the hidden state through and a random selector over the slots'
+top-k candidates.
 """
 
 from __future__ import annotations
@@ -123,8 +124,12 @@ def write_rigged_draft(path: str, fx: TargetFixture, kind: str = "dflash", *, bl
         w2[fx.rig.succ[ordinary]] = codes[ordinary]
         w["markov_w1.weight"] = codes.astype(np.float32)
         w["markov_w2.weight"] = (w2 if d2t is None else w2[d2t]).astype(np.float32)
-        w["conf_proj.weight"] = (rng.standard_normal((1, e + markov_rank)) * 0.3).astype(np.float32)
-        w["conf_proj.bias"] = np.full(1, 0.5, dtype=np.float32)
+        # confidence: sigmoid(0.8 + N(0, 1)) from the previous slot's Markov code alone, so about
+        # two slots in three pass a p_min of 0.6 whatever the architecture (blocks cut at varied depths)
+        conf = np.zeros((1, e + markov_rank), dtype=np.float32)
+        conf[0, e:] = rng.standard_normal(markov_rank) / np.sqrt(markov_gain)
+        w["conf_proj.weight"] = conf
+        w["conf_proj.bias"] = np.full(1, 0.8, dtype=np.float32)
     if d2t is not None:
         w["output.weight"] = fx.rig.output[d2t].copy()
     if kind == "dflash2":
