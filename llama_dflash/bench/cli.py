@@ -89,10 +89,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="compare these draft lengths (e.g. 1,2,3,4,5,6,7,8,auto)")
     w.add_argument("--sweep-max-tokens", type=_int_list, metavar="N,N,...",
                    help="compare these generation lengths (e.g. 512,1024,2048)")
-    w.add_argument("--workload", choices=(*WORKLOADS, "all"),
-                   help="built-in prompt set(s) instead of --prompt: "
+    w.add_argument("--workload", type=_workload_list, metavar="NAME[,NAME...]",
+                   help="built-in prompt set(s) instead of --prompt, a comma list: "
                         + "; ".join(f"{k}: {v}" for k, v in WORKLOAD_HELP.items()) + "; all: every one")
-    w.add_argument("--prompt-file", metavar="PATH", help="prompts: one per line, or JSONL with \"prompt\"")
+    w.add_argument("--prompt-file", metavar="PATH", action="append",
+                   help="prompts: one per line, or JSONL with \"prompt\"; repeat it for several workloads "
+                        "(each file is one, named after it; with --workload too)")
     w.add_argument("--compare-speculators", action="store_true",
                    help="measure every speculator that applies to the target (its MTP head, each --draft-model "
                         "-- a comma list here --, lookup, the n-gram types, auto) on the same prompts, side by side, "
@@ -242,6 +244,18 @@ def _draft_list(text: str) -> list:
     return values
 
 
+def _workload_list(text: str) -> list[str]:
+    """--workload: built-in workload names, a comma list; "all" stands for every one."""
+    names: list[str] = []
+    for name in (x.strip() for x in text.split(",") if x.strip()):
+        if name != "all" and name not in WORKLOADS:
+            raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join((*WORKLOADS, 'all'))})")
+        names += [n for n in (WORKLOADS if name == "all" else [name]) if n not in names]
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one workload")
+    return names
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -374,19 +388,23 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
                        oracle=args.oracle, probe=args.cost_probe)
 
 
+def selected_workloads(args: argparse.Namespace) -> dict[str, list[ChatPrompt]]:
+    """The prompts of --workload (each named set) and --prompt-file (each file, named after it), in the
+    order given; "prompt": [--prompt] without either."""
+    workloads: dict[str, list[ChatPrompt]] = {name: workload_prompts(name) for name in args.workload or ()}
+    for path in args.prompt_file or ():
+        label = os.path.basename(path)
+        if label in workloads:
+            raise ValueError(f"--prompt-file {path}: a workload named {label!r} was already given")
+        workloads[label] = load_prompt_file(path)
+    return workloads or {"prompt": [args.prompt]}
+
+
 def build_sweep_config(args: argparse.Namespace) -> "SweepConfig":
     from .sweep import SweepConfig
 
     target, spec = _configs(args)
-    if args.prompt_file:
-        workloads = {os.path.basename(args.prompt_file): load_prompt_file(args.prompt_file)}
-    elif args.workload == "all":
-        workloads = {name: workload_prompts(name) for name in WORKLOADS}
-    elif args.workload:
-        workloads = {args.workload: workload_prompts(args.workload)}
-    else:
-        workloads = {"prompt": [args.prompt]}
-    workloads = {k: [_wrap(args, target.model, p) for p in v] for k, v in workloads.items()}
+    workloads = {k: [_wrap(args, target.model, p) for p in v] for k, v in selected_workloads(args).items()}
     # without --spec-type the sweep measures the draft alone; beside its lengths it measures what a
     # user gets by default from generate and serve: `--spec-type auto` over the same draft
     default_spec = None
@@ -523,7 +541,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     from ..defaults import default_draft_path, smollm2_path
     from .compare import applicable_speculators, compare_speculators, format_comparison
 
-    if args.spec_type is not None or _is_sweep(args) or args.cpp_reference or args.oracle:
+    if args.spec_type is not None or args.sweep_draft_tokens or args.sweep_max_tokens or args.cpp_reference \
+            or args.oracle:
         raise ValueError("--compare-speculators picks the speculators itself: leave out --spec-type, the sweeps, "
                          "--cpp-reference and --oracle")
     model = args.model or smollm2_path()
@@ -532,17 +551,11 @@ def _run_compare(args: argparse.Namespace) -> int:
         drafts = [default_draft_path(model)]
     candidates, skipped = applicable_speculators(model, drafts, draft_tokens=args.draft_tokens)
     target = target_config(args, model)
-    labels = None
-    if args.prompt_file:
-        prompts = load_prompt_file(args.prompt_file)
-    elif args.workload == "all":  # every workload, with a tau / speedup column each
-        pairs = [(name, p) for name in WORKLOADS for p in workload_prompts(name)]
-        labels, prompts = [n for n, _ in pairs], [p for _, p in pairs]
-    elif args.workload:
-        prompts = workload_prompts(args.workload)
-    else:
-        prompts = [args.prompt]
-    prompts = [_wrap(args, model, p) for p in prompts]
+    workloads = selected_workloads(args)
+    pairs = [(name, p) for name, ps in workloads.items() for p in ps]
+    # several workloads: a tau / speedup column each
+    labels = [n for n, _ in pairs] if len(workloads) > 1 else None
+    prompts = [_wrap(args, model, p) for _, p in pairs]
     bar = _progress_bar(args, len(prompts) * args.runs)
     try:
         result = compare_speculators(target, candidates, prompts, max_tokens=args.max_tokens, runs=args.runs,

@@ -74,14 +74,16 @@ class Comparison:
         base = (ordinary or self.ordinary).tokens_per_second
         return r.tokens_per_second / base if base > 0 else 0.0
 
-    def step_cost(self, r: SpeculatorResult) -> float:
+    def step_cost(self, r: SpeculatorResult, ordinary: Optional[SpeculatorResult] = None) -> float:
         """A verification step of `r` (draft + verify + the rest), in ordinary decodes."""
+        base = ordinary or self.ordinary
         steps = r.stats.verification_steps
-        per_token = self.ordinary.decode_seconds / self.ordinary.tokens if self.ordinary.tokens else 0.0
+        per_token = base.decode_seconds / base.tokens if base.tokens else 0.0
         return (r.decode_seconds / steps) / per_token if steps and per_token > 0 else 0.0
 
-    def verdict(self, r: SpeculatorResult) -> str:
-        tau, cost, s = r.stats.tau, self.step_cost(r), self.speedup(r)
+    def verdict(self, r: SpeculatorResult, ordinary: Optional[SpeculatorResult] = None) -> str:
+        """Why `r` wins or loses against ordinary decoding (`ordinary`: one workload's, else all)."""
+        tau, cost, s = r.stats.tau, self.step_cost(r, ordinary), self.speedup(r, ordinary)
         if r.stats.drafted == 0:
             return "never drafted here (no match, or its cost model chose no draft at every step)"
         why = f"tau {tau:.2f} {'>' if tau > cost else '<='} a step's cost of {cost:.2f} ordinary decodes"
@@ -93,8 +95,17 @@ class Comparison:
 
     @property
     def winner(self) -> Optional[SpeculatorResult]:
-        best = max(self.results, key=self.speedup, default=None)
-        return best if best is not None and self.speedup(best) >= PAYS else None
+        return self._best(self.results)
+
+    def _best(self, results: Sequence[SpeculatorResult],
+              ordinary: Optional[SpeculatorResult] = None) -> Optional[SpeculatorResult]:
+        # one that never drafted ran ordinary decoding: its "speedup" is noise, never a win
+        best = max((r for r in results if r.stats.drafted), key=lambda r: self.speedup(r, ordinary), default=None)
+        return best if best is not None and self.speedup(best, ordinary) >= PAYS else None
+
+    def workload_winners(self) -> dict[str, Optional[SpeculatorResult]]:
+        """Per workload, the speculator that beats ordinary decoding most (None: none pays there)."""
+        return {label: self._best(list(rs.values()), base) for label, (base, rs) in self.by_workload.items()}
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -106,12 +117,16 @@ class Comparison:
                          "verdict": self.verdict(r)})
         w = self.winner
         by_workload = {label: {name: {"tau": r.stats.tau, "speedup": self.speedup(r, base),
-                                      "acceptance_rate": r.stats.acceptance_rate, "output_matches": r.mismatches == 0}
+                                      "acceptance_rate": r.stats.acceptance_rate, "output_matches": r.mismatches == 0,
+                                      "step_cost_ordinary_decodes": self.step_cost(r, base),
+                                      "verdict": self.verdict(r, base)}
                                for name, r in results.items()}
                        for label, (base, results) in self.by_workload.items()}
+        winners = {label: (b.name if b is not None else None) for label, b in self.workload_winners().items()}
         return {"target": self.target, "prompts": self.prompts, "runs": self.runs, "max_tokens": self.max_tokens,
                 "ordinary_tokens_per_second": self.ordinary.tokens_per_second, "speculators": rows,
                 "winner": w.name if w is not None else None, "by_workload": by_workload,
+                "winner_by_workload": winners,
                 "not_applicable": [{"name": n, "reason": why} for n, why in self.not_applicable]}
 
 
@@ -239,6 +254,11 @@ def format_comparison(c: Comparison) -> str:
                 w_r = rs[r.name]
                 cells.append(f"{w_r.stats.tau:.2f} / {c.speedup(w_r, base):.2f}x")
             lines.append(f"    {r.name:<{width}}" + "".join(f"{cell:>{cw}}" for cell in cells))
+        for label, b in c.workload_winners().items():
+            base = c.by_workload[label][0]
+            lines.append(f"    winner on {label}: " + (
+                f"{b.name} ({c.speedup(b, base):.2f}x; {c.verdict(b, base)})" if b is not None else
+                "none: no speculator beats ordinary decoding there"))
     if c.not_applicable:
         lines.append("  not applicable:")
         lines += [f"    {name}: {why}" for name, why in c.not_applicable]

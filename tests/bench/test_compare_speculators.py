@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from llama_dflash.bench.compare import applicable_speculators
+from llama_dflash.bench.compare import applicable_speculators, format_comparison
+from llama_dflash.bench.workloads import WORKLOADS
 from llama_dflash.testing.drafts import write_rigged_draft
 from llama_dflash.testing.targets import write_target
 
@@ -50,6 +51,37 @@ def test_a_qwen35_target_with_a_dflash_draft_prints_mtp_dflash_lookup_and_auto(q
     assert "dflash.target_layers" in data["not_applicable"][0]["reason"]
 
 
+def test_several_workloads_get_a_column_each(qwen35, tmp_path):
+    """The speculator x workload table: named workloads and prompt files, each a tau / speedup column,
+    every cell measured on that workload's prompts alone."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"prompt": "the quick brown fox"}\n{"prompt": "and the lazy dog is"}\n')
+    out = tmp_path / "cmp.json"
+    r = _bench("--model", qwen35["target"], "--draft-model", qwen35["dflash"], "--compare-speculators",
+               "--workload", "copy-heavy-heldout", "--prompt-file", str(chat), "--max-tokens", "12", "--runs", "1",
+               "--warmup-tokens", "4", "--raw-prompt", "--draft-tokens", "2", "--threads", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["prompts"] == len(WORKLOADS["copy-heavy-heldout"]) + 2
+    cols = data["by_workload"]
+    assert list(cols) == ["copy-heavy-heldout", "chat.jsonl"]
+    assert "by workload (tau / speedup):" in r.stdout
+    header = next(line for line in r.stdout.splitlines() if "copy-heavy-heldout" in line and "chat.jsonl" in line)
+    assert header.split()[0] == "speculator"
+    for label in cols:
+        assert f"winner on {label}: " in r.stdout
+        w = data["winner_by_workload"][label]
+        drafting = [c["speedup"] for c in cols[label].values() if not c["verdict"].startswith("never drafted")]
+        assert w is None or (cols[label][w]["speedup"] == max(drafting) and cols[label][w]["verdict"].startswith("pays"))
+    for row in data["speculators"]:
+        per = [cols[w][row["name"]] for w in cols]
+        assert all(c["verdict"].split(":")[0] in ("pays", "loses", "never drafted here (no match, or its cost model "
+                   "chose no draft at every step)") for c in per)
+        assert all(c["tau"] >= 1.0 for c in per)
+        # the whole row pools both columns' steps: its tau lies between theirs
+        assert min(c["tau"] for c in per) - 1e-9 <= row["tau"] <= max(c["tau"] for c in per) + 1e-9
+
+
 def test_a_target_without_an_mtp_head_lists_draft_mtp_as_not_applicable(qwen35):
     cands, skipped = applicable_speculators(qwen35["muse"])
     assert "draft-mtp" not in [c.name for c in cands]
@@ -61,3 +93,24 @@ def test_compare_refuses_an_explicit_spec_type(qwen35):
     r = _bench("--model", qwen35["target"], "--compare-speculators", "--spec-type", "lookup")
     assert r.returncode == 2
     assert "--compare-speculators picks the speculators itself" in r.stderr
+
+
+def test_a_speculator_that_never_drafted_is_never_the_winner():
+    """One that never drafted decoded as ordinary decoding does: a faster time is noise, not a win."""
+    from llama_dflash.bench.compare import Comparison, SpeculatorResult
+    from llama_dflash.stats import SpecStats
+
+    ordinary = SpeculatorResult("ordinary", tokens=100, decode_seconds=1.0)
+    idle = SpeculatorResult("ngram-cache", tokens=100, decode_seconds=0.5, stats=SpecStats(verification_steps=100))
+    busy = SpeculatorResult("lookup", tokens=100, decode_seconds=0.8,
+                            stats=SpecStats(drafted=40, accepted=30, verification_steps=70))
+    c = Comparison("t.gguf", 1, 1, 100, ordinary, [idle, busy], [],
+                   {"w": (ordinary, {"ngram-cache": idle, "lookup": busy})})
+    assert c.winner is busy and c.workload_winners() == {"w": busy}
+    assert c.verdict(idle).startswith("never drafted") and c.verdict(busy).startswith("pays")
+    slow = SpeculatorResult("lookup", tokens=100, decode_seconds=1.5, stats=busy.stats)
+    per = {"w": (ordinary, {"ngram-cache": idle, "lookup": slow}), "v": (ordinary, {"ngram-cache": idle, "lookup": busy})}
+    c2 = Comparison("t.gguf", 2, 1, 100, ordinary, [idle, slow], [], per)
+    assert c2.winner is None and c2.workload_winners() == {"w": None, "v": busy}
+    text = format_comparison(c2)
+    assert "winner on w: none" in text and "winner on v: lookup (1.25x; pays" in text

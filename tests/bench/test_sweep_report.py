@@ -136,6 +136,29 @@ def test_prompt_files(tmp_path, tiny_target, tiny_draft):
     assert json.loads(js.read_text())["cells"][0]["workload"] == "p.jsonl"
 
 
+def test_several_workloads_named_sets_and_files_each_a_cell(tmp_path, tiny_target, tiny_draft):
+    """--workload takes a comma list, --prompt-file repeats, and both mix: one workload each, in order."""
+    a, b = tmp_path / "chat.jsonl", tmp_path / "code.txt"
+    a.write_text('{"prompt": "the and"}\n')
+    b.write_text("is of the\nand the\n")
+    js = tmp_path / "out.json"
+    proc = _bench(tiny_target, tiny_draft, "--workload", "structured,copy-heavy-heldout,structured",
+                  "--prompt-file", str(a), "--prompt-file", str(b), "--max-tokens", "4", "--runs", "1",
+                  "--json", str(js))
+    assert proc.returncode == 0, proc.stderr
+    cells = json.loads(js.read_text())["cells"]
+    assert [c["workload"] for c in cells] == ["structured", "copy-heavy-heldout", "chat.jsonl", "code.txt"]
+
+
+def test_two_prompt_files_of_one_name_exit_2(tmp_path, tiny_target, tiny_draft):
+    (tmp_path / "x").mkdir()
+    for d in (tmp_path, tmp_path / "x"):
+        (d / "p.txt").write_text("the and\n")
+    proc = _bench(tiny_target, tiny_draft, "--prompt-file", str(tmp_path / "p.txt"), "--prompt-file",
+                  str(tmp_path / "x" / "p.txt"), "--max-tokens", "4", "--runs", "1")
+    assert proc.returncode == 2 and "already given" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("content,needle", [("", "contains no prompts"), ('{"text": 1}\n', 'no non-empty "prompt"'),
                                             ("{bad json\n", "not valid JSON")])
 def test_bad_prompt_file_exit_2(tmp_path, tiny_target, tiny_draft, content, needle):
@@ -150,6 +173,8 @@ def test_bad_prompt_file_exit_2(tmp_path, tiny_target, tiny_draft, content, need
     (["--sweep-draft-tokens", "1,x"], "expected an integer or 'auto'"),
     (["--sweep-draft-tokens", "0,2"], "values must be >= 1"),
     (["--workload", "poetry"], "invalid choice"),
+    (["--workload", "structured,poetry"], "invalid choice: 'poetry'"),
+    (["--workload", ","], "expected at least one workload"),
     (["--cpp-reference", "/nonexistent/llama-speculative-simple"], "not an executable file"),
 ])
 def test_bad_sweep_arguments_exit_2(tiny_target, tiny_draft, args, needle):
