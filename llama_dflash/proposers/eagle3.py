@@ -31,7 +31,6 @@ draft.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Optional, Sequence
 
@@ -46,11 +45,11 @@ from ..errors import LlamaCallError
 from ..stats import SpecStats
 from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
 from .simple import DEFAULT_AR_N_MAX
-from .topk import draft_length, finish_draft, row_logits, top_candidate
+from .rows import EmbdInput, RowQueue, RowWindow, draft_chain
+from .topk import draft_length, finish_draft
 
 __all__ = ["Eagle3Proposer"]
 
-_KEEP_ROWS = 512  # g rows kept behind the newest (a rewind goes back at most a verification batch)
 
 
 class Eagle3Proposer:
@@ -95,12 +94,10 @@ class Eagle3Proposer:
         self.n_embd = self.model.n_embd
         self.n_vocab = self.model.n_vocab
         self._chunk = self.ctx.n_ubatch  # the encoder takes at most one ubatch per call
-        self._embd = ll.llama_embd(None, 1, 0)
-        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
-        self._queue: list[tuple[np.ndarray, np.ndarray, int]] = []  # (tokens, features, pos0)
+        self._embd = EmbdInput(0)
+        self._queue = RowQueue()  # (tokens, target features, pos0)
         self._end = 0  # decoder rows at positions < _end are in the cache, each complete
-        self._g = np.zeros((0, self.n_embd), dtype=np.float32)  # g rows of positions _g0.._g0+len-1
-        self._g0 = 0
+        self._g = RowWindow(self.n_embd, "the EAGLE-3 encoder's row")
         self._row = np.empty((1, self.n_embd), dtype=np.float32)  # a draft step's input row
 
     # ---- what the loop calls ----------------------------------------------------------------
@@ -118,15 +115,14 @@ class Eagle3Proposer:
         if first < 0 or first + n > batch.n:
             raise LlamaCallError(f"EAGLE-3 rows {pos0}..{pos0 + n - 1} are not in the target's last decode")
         tokens = np.array(batch.token[first:first + n], dtype=np.int32)
-        self._queue.append((tokens, np.ascontiguousarray(features, dtype=np.float32), pos0))
+        self._queue.put(tokens, np.ascontiguousarray(features, dtype=np.float32), pos0)
 
     def flush(self) -> None:
         """Encode every queued row and write the decoder rows whose next token is known."""
         if not self._queue:
             return
         t0 = time.perf_counter()
-        queue, self._queue = self._queue, []
-        for tokens, features, pos0 in queue:
+        for tokens, features, pos0 in self._queue.take():
             self._write(tokens, self._encode(features, pos0), pos0)
         self.stats.process_seconds += time.perf_counter() - t0
 
@@ -134,9 +130,8 @@ class Eagle3Proposer:
         """g rows of `features` (one per target row), one encoder call per ubatch."""
         n = features.shape[0]
         g = np.empty((n, self.n_embd), dtype=np.float32)
-        b, emb, data = self.enc_batch, self._embd, self._embd_data
-        emb.n_embd = features.shape[1]
-        base, stride = features.ctypes.data, features.strides[0]
+        b = self.enc_batch
+        base, stride, width = features.ctypes.data, features.strides[0], features.shape[1]
         for s in range(0, n, self._chunk):
             m = min(self._chunk, n - s)
             b.clear()
@@ -144,8 +139,7 @@ class Eagle3Proposer:
             # sequence's cache: placeholder positions from its end (as llama.cpp's driver does)
             pos = self.ctx.pos_max(0) + 1
             for i in range(s, s + m):
-                data.value = base + i * stride
-                b.add_embd(emb, pos + i - s)
+                b.add_embd(self._embd.point(base + i * stride, width), pos + i - s)
             rc = int(ll.llama_process(self.ctx.ptr, ll.LLAMA_PROCESS_TYPE_ENCODE, b.ptr))
             if rc != 0:
                 raise LlamaCallError(f"EAGLE-3 encoder failed on {m} rows at position {pos0 + s} (rc {rc})")
@@ -161,46 +155,26 @@ class Eagle3Proposer:
         n = len(tokens)
         start = max(self._end, pos0 - 1, 0)
         if start <= pos0 + n - 2:
-            if start < pos0 and not self._knows_g(start):
+            if start < pos0 and not self._g.knows(start):
                 raise LlamaCallError(f"the EAGLE-3 head lost the target features of position {start}")
             if not self.ctx.seq_rm(0, start, -1):
                 raise LlamaCallError(f"llama_memory_seq_rm failed on the EAGLE-3 context at {start}")
-            b, emb, data = self.dec_batch, self._embd, self._embd_data
-            emb.n_embd = self.n_embd
+            b = self.dec_batch
             b.clear()
+            self._embd.point(0, self.n_embd)
             base, stride = g.ctypes.data, g.strides[0]
             for p in range(start, pos0 + n - 1):
                 idx = b.add_token(int(tokens[p + 1 - pos0]), p, False)
-                data.value = base + (p - pos0) * stride if p >= pos0 else self._g_addr(p)
-                if not ll.llama_batch_ext_set_embd_token(b.ptr, idx, emb):
-                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {p}")
+                self._embd.set_token_row(b, idx, base + (p - pos0) * stride if p >= pos0 else self._g.addr(p), p)
             rc = b.process()
             if rc != 0:
                 raise LlamaCallError(f"EAGLE-3 decoder failed on {b.n} rows at position {start} (rc {rc})")
             self._end = pos0 + n - 1
-        self._remember(g, pos0)
-
-    def _remember(self, g: np.ndarray, pos0: int) -> None:
-        """Keep the g rows of the latest positions (positions >= pos0 replaced)."""
-        end = self._g0 + len(self._g)
-        if self._g0 <= pos0 <= end and len(self._g):
-            rows, g0 = np.concatenate([self._g[: pos0 - self._g0], g]), self._g0
-        else:
-            rows, g0 = g, pos0
-        if len(rows) > _KEEP_ROWS:
-            g0 += len(rows) - _KEEP_ROWS
-            rows = rows[-_KEEP_ROWS:]
-        self._g, self._g0 = np.ascontiguousarray(rows, dtype=np.float32), g0
-
-    def _knows_g(self, pos: int) -> bool:
-        return self._g0 <= pos < self._g0 + len(self._g)
-
-    def _g_addr(self, pos: int) -> int:
-        return self._g.ctypes.data + (pos - self._g0) * self._g.strides[0]
+        self._g.put(g, pos0)
 
     def knows(self, pos: int) -> bool:
         """Whether drafting (or writing rows) can resume at `pos`: g_{pos-1} is kept."""
-        return pos == 0 or self._knows_g(pos - 1)
+        return pos == 0 or self._g.knows(pos - 1)
 
     def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
                 history: Sequence[int] = ()) -> list[int]:
@@ -210,43 +184,23 @@ class Eagle3Proposer:
             return []
         self.flush()
         pos = n_past - 1  # the deferred boundary: (id_last, g_{n_past-1})
-        if self._end < pos or not self._knows_g(pos):
+        if self._end < pos or not self._g.knows(pos):
             return []  # the head lacks rows (a state restored behind its back)
         # llama.cpp drafts up to n_max and cuts to the budget after n_min: drafting past n only
         # decides n_min, so only that far
         n_want = min(draft_length(n, self.n_max, self.n_min), self.target.n_ctx - pos)
         t0 = time.perf_counter()
-        tokens: list[int] = []
-        with_prob = self.p_min > 0.0
-        ctx, b, emb, data, row = self.ctx, self.dec_batch, self._embd, self._embd_data, self._row
-        emb.n_embd = self.n_embd
-        row[0] = self._g[pos - self._g0]
+        self._row[0] = self._g.at(pos)
+
+        def boundary_written() -> None:
+            self._end = n_past  # the boundary row (id_last's) stays
+
         try:
-            if not ctx.seq_rm(0, pos, -1):
+            if not self.ctx.seq_rm(0, pos, -1):
                 raise LlamaCallError(f"llama_memory_seq_rm failed on the EAGLE-3 context at {pos}")
             self._end = pos
-            tok = id_last
-            for i in range(n_want):
-                b.clear()
-                idx = b.add_token(tok, pos + i, True)
-                data.value = row.ctypes.data
-                if not ll.llama_batch_ext_set_embd_token(b.ptr, idx, emb):
-                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {pos + i}")
-                rc = b.process()
-                if rc != 0:
-                    raise LlamaCallError(f"EAGLE-3 draft decode at position {pos + i} failed (rc {rc})")
-                if i == 0:
-                    self._end = n_past  # the boundary row (id_last's) stays
-                tok, prob = top_candidate(row_logits(ctx.ptr, 0, self.n_vocab, "the EAGLE-3 decoder"), with_prob)
-                if prob < self.p_min:
-                    break
-                tokens.append(tok)
-                if i + 1 < n_want:
-                    h = ext.llama_get_embeddings_nextn_ith(ctx.ptr, 0)
-                    if not h:
-                        raise LlamaCallError("the EAGLE-3 decoder produced no hidden state "
-                                             "(llama_get_embeddings_nextn_ith)")
-                    row[0] = float_view(h, (self.n_embd,))
+            tokens = draft_chain(self.ctx, self.dec_batch, self._embd, self._row, id_last, pos, n_want, self.n_vocab,
+                                 self.p_min, "the EAGLE-3 decoder", after_first=boundary_written)
         finally:
             # only the boundary row stays: the drafted cells go
             self.ctx.seq_rm(0, n_past, -1)
@@ -259,26 +213,19 @@ class Eagle3Proposer:
     def rollback(self, n_past: int) -> None:
         """Keep what positions < n_past determine: rows < n_past-1 (the row at n_past-1 pairs it
         with the token at n_past, no longer committed); g_{n_past-1} becomes the boundary."""
-        kept = []
-        for tokens, features, pos0 in self._queue:
-            if pos0 < n_past:
-                m = n_past - pos0
-                kept.append((tokens[:m], features[:m], pos0))
-        self._queue = kept
+        self._queue.cut(n_past)
         keep = max(0, n_past - 1)
         if self._end > keep:
             if not self.ctx.seq_rm(0, keep, -1):
                 raise LlamaCallError(f"llama_memory_seq_rm failed on the EAGLE-3 context at {keep}")
             self._end = keep
-        if self._g0 + len(self._g) > n_past:
-            self._g = self._g[: max(0, n_past - self._g0)]
+        self._g.cut(n_past)
 
     def clear(self) -> None:
-        self._queue = []
+        self._queue.clear()
         self.ctx.clear()
         self._end = 0
-        self._g = np.zeros((0, self.n_embd), dtype=np.float32)
-        self._g0 = 0
+        self._g.clear()
 
     def pos_max(self) -> int:
         self.flush()
@@ -288,7 +235,7 @@ class Eagle3Proposer:
         """The decoder cache, its end and the kept g rows (the deferred boundary among them): what
         `set_state` needs to draft on (llama.cpp stashes the boundary the same way)."""
         self.flush()
-        return seq_state(self.ctx.ptr), self._end, self._g.copy(), self._g0
+        return (seq_state(self.ctx.ptr), self._end, *self._g.state())
 
     def set_state(self, state: tuple[bytes, int, np.ndarray, int]) -> bool:
         """Restore what `get_state` returned; False (and an empty cache) if llama.cpp refuses."""
@@ -297,7 +244,7 @@ class Eagle3Proposer:
             self.ctx.clear()
             return False
         self._end = int(state[1])
-        self._g, self._g0 = np.ascontiguousarray(state[2], dtype=np.float32), int(state[3])
+        self._g.set_state((state[2], state[3]))
         return True
 
     def close(self) -> None:

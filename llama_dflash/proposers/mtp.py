@@ -23,7 +23,6 @@ can rewind to is known.  One head (`nextn_predict_layers` 1) is driven; llama.cp
 
 from __future__ import annotations
 
-import ctypes
 import time
 from typing import Sequence
 
@@ -36,7 +35,8 @@ from ..config import SpecConfig
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..stats import SpecStats
 from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
-from .topk import draft_length, finish_draft, row_logits, top_candidate
+from .rows import EmbdInput, RowQueue, RowWindow, draft_chain
+from .topk import draft_length, finish_draft
 
 __all__ = ["MTPProposer", "MTP_GRAPH_ARCHS", "DEFAULT_MTP_N_MAX", "mtp_layers"]
 
@@ -48,7 +48,6 @@ MTP_GRAPH_ARCHS = frozenset({
     "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe",
     "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
 })
-_KEEP_ROWS = 512  # hidden rows kept behind the MTP cache's end (a rewind goes back at most a block)
 
 
 def mtp_layers(info) -> int:
@@ -114,12 +113,10 @@ class MTPProposer:
         # the target hands out every row's hidden state; this context only its output rows'
         ext.llama_set_embeddings_nextn(target.ctx.ptr, True, False)
         ext.llama_set_embeddings_nextn(self.ctx.ptr, True, True)
-        self._embd = ll.llama_embd(None, 1, self.n_embd)
-        self._embd_data = ctypes.c_void_p.from_buffer(self._embd, ll.llama_embd.data.offset)
-        self._queue: list[tuple[np.ndarray, np.ndarray, int]] = []  # (tokens, hidden rows, pos0)
+        self._embd = EmbdInput(self.n_embd)
+        self._queue = RowQueue()  # (tokens, hidden rows, pos0)
         self._end = 0  # the MTP cache holds positions < _end
-        self._hidden = np.zeros((0, self.n_embd), dtype=np.float32)  # rows of positions _h0.._h0+len-1
-        self._h0 = 0
+        self._hidden = RowWindow(self.n_embd, "the target's hidden state")
         self._row = np.empty((1, self.n_embd), dtype=np.float32)  # a draft step's input row
 
     # ---- what the loop calls ----------------------------------------------------------------
@@ -142,15 +139,14 @@ class MTPProposer:
             raise LlamaCallError("the target produced no MTP hidden states (llama_get_embeddings_nextn)")
         hidden = np.array(float_view(ptr, (batch.n, self.n_embd))[first:first + n])
         tokens = np.array(batch.token[first:first + n], dtype=np.int32)
-        self._queue.append((tokens, hidden, pos0))
+        self._queue.put(tokens, hidden, pos0)
 
     def flush(self) -> None:
         """Decode every queued row into the MTP context, each token with the row before it."""
         if not self._queue:
             return
         t0 = time.perf_counter()
-        queue, self._queue = self._queue, []
-        for tokens, hidden, pos0 in queue:
+        for tokens, hidden, pos0 in self._queue.take():
             self._decode_rows(tokens, hidden, pos0)
         self.stats.process_seconds += time.perf_counter() - t0
 
@@ -159,54 +155,27 @@ class MTPProposer:
         skip = max(0, self._end - pos0)  # rows the cache already holds (a re-decoded prefix)
         inputs = np.empty((n, self.n_embd), dtype=np.float32)
         if skip < n:
-            inputs[0] = self._hidden_at(pos0 - 1) if pos0 > 0 else 0.0
+            inputs[0] = self._hidden.at(pos0 - 1) if pos0 > 0 else 0.0
             inputs[1:] = hidden[:-1]
-            self._remember(hidden, pos0)
             if not self.ctx.seq_rm(0, pos0 + skip, -1):
                 raise LlamaCallError(f"llama_memory_seq_rm failed on the MTP context at {pos0 + skip}")
-            batch, emb, data = self.batch, self._embd, self._embd_data
+            batch = self.batch
             batch.clear()
             base, stride = inputs.ctypes.data, inputs.strides[0]
             for i in range(skip, n):
                 idx = batch.add_token(int(tokens[i]), pos0 + i, False)
-                data.value = base + i * stride
-                if not ll.llama_batch_ext_set_embd_token(batch.ptr, idx, emb):
-                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {pos0 + i}")
+                self._embd.set_token_row(batch, idx, base + i * stride, pos0 + i)
             rc = batch.process()
             if rc != 0:
                 raise LlamaCallError(f"MTP context decode of {n - skip} rows at position {pos0 + skip} failed (rc {rc})")
             self._end = pos0 + n
-        else:
-            self._remember(hidden, pos0)
-
-    def _remember(self, hidden: np.ndarray, pos0: int) -> None:
-        """Keep the hidden rows of the latest positions (the row before any position the loop
-        may rewind to, or draft from)."""
-        end = self._h0 + len(self._hidden)
-        if pos0 == end and len(self._hidden):
-            rows = np.concatenate([self._hidden, hidden])
-            h0 = self._h0
-        elif self._h0 <= pos0 < end:
-            rows = np.concatenate([self._hidden[: pos0 - self._h0], hidden])
-            h0 = self._h0
-        else:
-            rows, h0 = hidden, pos0
-        if len(rows) > _KEEP_ROWS:
-            h0 += len(rows) - _KEEP_ROWS
-            rows = rows[-_KEEP_ROWS:]
-        self._hidden, self._h0 = np.ascontiguousarray(rows), h0
-
-    def _hidden_at(self, pos: int) -> np.ndarray:
-        i = pos - self._h0
-        if not 0 <= i < len(self._hidden):
-            raise LlamaCallError(f"the target's hidden state at position {pos} is no longer known to the MTP "
-                                 f"drafter (kept: {self._h0}..{self._h0 + len(self._hidden) - 1})")
-        return self._hidden[i]
+        # the row before any position the loop may rewind to, or draft from
+        self._hidden.put(hidden, pos0)
 
     def knows(self, pos: int) -> bool:
         """Whether drafting (or decoding rows) can resume at `pos`: the hidden state of the row
         before it is kept."""
-        return pos == 0 or self._h0 <= pos - 1 < self._h0 + len(self._hidden)
+        return pos == 0 or self._hidden.knows(pos - 1)
 
     def propose(self, id_last: int, n_past: int, n: int, *, shadow: bool = False,
                 history: Sequence[int] = ()) -> list[int]:
@@ -217,30 +186,10 @@ class MTPProposer:
             return []
         self.flush()
         t0 = time.perf_counter()
-        tokens: list[int] = []
-        ctx, batch, row = self.ctx, self.batch, self._row
-        row[0] = self._hidden_at(n_past - 1) if n_past > 0 else 0.0
-        with_prob = self.p_min > 0.0
+        self._row[0] = self._hidden.at(n_past - 1) if n_past > 0 else 0.0
         try:
-            tok = id_last
-            for i in range(n_want):
-                batch.clear()
-                idx = batch.add_token(tok, n_past + i, True)
-                self._embd_data.value = row.ctypes.data
-                if not ll.llama_batch_ext_set_embd_token(batch.ptr, idx, self._embd):
-                    raise LlamaCallError(f"llama_batch_ext_set_embd_token failed at position {n_past + i}")
-                rc = batch.process()
-                if rc != 0:
-                    raise LlamaCallError(f"MTP draft decode at position {n_past + i} failed (rc {rc})")
-                tok, prob = top_candidate(row_logits(ctx.ptr, 0, self.target.n_vocab, "the MTP head"), with_prob)
-                if prob < self.p_min:
-                    break
-                tokens.append(tok)
-                if i + 1 < n_want:
-                    h = ext.llama_get_embeddings_nextn_ith(ctx.ptr, 0)
-                    if not h:
-                        raise LlamaCallError("the MTP head produced no hidden state (llama_get_embeddings_nextn_ith)")
-                    row[0] = float_view(h, (self.n_embd,))
+            tokens = draft_chain(self.ctx, self.batch, self._embd, self._row, id_last, n_past, n_want,
+                                 self.target.n_vocab, self.p_min, "the MTP head")
         finally:
             # keep only rows of committed positions: the drafted cells go
             self.ctx.seq_rm(0, n_past, -1)
@@ -252,26 +201,18 @@ class MTPProposer:
 
     def rollback(self, n_past: int) -> None:
         """Forget everything at n_past and beyond (queued rows included)."""
-        kept = []
-        for tokens, hidden, pos0 in self._queue:
-            if pos0 < n_past:
-                m = n_past - pos0
-                kept.append((tokens[:m], hidden[:m], pos0))
-        self._queue = kept
+        self._queue.cut(n_past)
         if self._end > n_past:
             if not self.ctx.seq_rm(0, n_past, -1):
                 raise LlamaCallError(f"llama_memory_seq_rm failed on the MTP context at {n_past}")
             self._end = n_past
-        end = self._h0 + len(self._hidden)
-        if end > n_past:
-            self._hidden = self._hidden[: max(0, n_past - self._h0)]
+        self._hidden.cut(n_past)
 
     def clear(self) -> None:
-        self._queue = []
+        self._queue.clear()
         self.ctx.clear()
         self._end = 0
-        self._hidden = np.zeros((0, self.n_embd), dtype=np.float32)
-        self._h0 = 0
+        self._hidden.clear()
 
     def pos_max(self) -> int:
         self.flush()
