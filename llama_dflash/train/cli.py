@@ -411,7 +411,7 @@ def _run(args, dist, info, model_path, layers, train_prompts, eval_prompts, wrap
             say(f"features: {cache.n_rows} rows on {device} ({cache.n_rows * cache.width * 2 / 2**30:.1f} GiB)")
     t0 = time.time()
     summary = train(model, cache, cfg, mask_id=mask_id, train_ids=train_ids,
-                    ckpt_path=os.path.join(workdir, "checkpoint.pt"), progress=progress, device=device, dist=dist,
+                    ckpt_path=os.path.join(workdir, f"checkpoint.{args.algorithm}.pt"), progress=progress, device=device, dist=dist,
                     evaluate=evaluate, objective=objective)
     t_train = time.time() - t0
     model.to("cpu")

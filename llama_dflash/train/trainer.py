@@ -218,6 +218,20 @@ class BlockObjective:
         return block_loss(model, batch, self.gamma, distill=self.distill)
 
 
+def _check_resumable(ckpt_path: str, saved: dict, model: torch.nn.Module) -> None:
+    """A checkpoint resumes only the draft it was written for: another kind or shape of draft is a
+    clear error naming what differs (load_state_dict would raise a wall of missing keys)."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in saved.items()}
+    if want == have:
+        return
+    diff = [f"{k} is missing" for k in want if k not in have][:2]
+    diff += [f"{k} is not in this draft" for k in have if k not in want][:2]
+    diff += [f"{k} is {have[k]}, this draft's {want[k]}" for k in want if k in have and have[k] != want[k]][:2]
+    raise ValueError(f"{ckpt_path} holds the checkpoint of another draft ({'; '.join(diff[:3])}): delete it to "
+                     f"train this one from the start, or pass another --workdir")
+
+
 def _best_path(ckpt_path: str) -> str:
     root, ext = os.path.splitext(ckpt_path)
     return root + ".best" + (ext or ".pt")
@@ -314,6 +328,7 @@ def train(model: torch.nn.Module, cache: FeatureCache, cfg: TrainConfig, *, mask
     es = EarlyStop(cfg.patience)
     if ckpt_path and os.path.isfile(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+        _check_resumable(ckpt_path, ck["model"], model)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         start = int(ck["step"])

@@ -77,6 +77,30 @@ def test_eagle3_mix_data_distill_and_proxy(tiny_target, tmp_path):
     assert len(t["d2t"].data) == 64 and t["blk.0.attn_q.weight"].tensor_type == Q.Q4_0
 
 
+def test_drafts_of_every_kind_share_one_workdir_each_with_its_own_checkpoint(tiny_target, tmp_path):
+    """One data cache serves an EAGLE-3 head, a classic draft and a DSpark draft (--reuse-data); each
+    resumes its own checkpoint, and a checkpoint of another shape is a one-line refusal (it was a
+    load_state_dict traceback when a simple draft was trained after an EAGLE-3 head)."""
+    w = str(tmp_path / "w")
+    common = ("--model", tiny_target, "--workdir", w, "--threads", "1", "--no-progress", "--skip-eval",
+              "--batch-size", "2")
+    r = _train(*common, "--output", str(tmp_path / "unused.gguf"), "--algorithm", "eagle3", "--data-tokens", "200",
+               "--eval-seqs", "2", "--n-seq", "4", "--data-only")
+    assert r.returncode == 0, r.stderr
+    for algo, extra in (("eagle3", ("--ttt-steps", "2", "--train-vocab", "64")), ("simple", ("--draft-layers", "1")),
+                        ("dspark", ("--block-size", "4"))):
+        r = _train(*common, "--output", str(tmp_path / f"{algo}.gguf"), "--algorithm", algo, "--reuse-data",
+                   "--steps", "4", *extra)
+        assert r.returncode == 0, (algo, r.stderr)
+        assert (tmp_path / "w" / f"checkpoint.{algo}.pt").is_file()
+        assert read_gguf(str(tmp_path / f"{algo}.gguf")).architecture == {"eagle3": "eagle3", "simple": "llama",
+                                                                         "dspark": "dflash"}[algo]
+    r = _train(*common, "--output", str(tmp_path / "e3b.gguf"), "--algorithm", "eagle3", "--reuse-data",
+               "--steps", "8", "--ttt-steps", "2", "--train-vocab", "32")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "checkpoint.eagle3.pt holds the checkpoint of another draft" in r.stderr and "(32" in r.stderr
+
+
 def test_simple_on_a_predictable_target(cycle_target, cycle_prompts, tmp_path):
     out, hf = tmp_path / "s.gguf", tmp_path / "hf"
     r = _train("--model", cycle_target, "--output", str(out), "--prompts", cycle_prompts, "--n-prompts", "24",

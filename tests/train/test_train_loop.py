@@ -23,10 +23,10 @@ def cache(tiny_target, tmp_path_factory):
                        target_layers=[1, 3], max_new_tokens=24, progress=False)
 
 
-def _model(target, vocab=None, block=5, seed=0):
+def _model(target, vocab=None, block=5, seed=0, n_layer=1):
     torch.manual_seed(seed)
     emb, head = load_target_head(target)
-    shape = DraftShape(n_embd=64, n_layer=1, n_head=4, n_head_kv=2, block_size=block, target_layers=[1, 3])
+    shape = DraftShape(n_embd=64, n_layer=n_layer, n_head=4, n_head_kv=2, block_size=block, target_layers=[1, 3])
     return DraftModel(shape, emb, head, vocab=vocab)
 
 
@@ -105,6 +105,17 @@ def test_resume_continues_from_the_checkpoint(tiny_target, cache, tmp_path):
     s = train(_model(tiny_target, seed=5), cache, TrainConfig(steps=9, **cfg), mask_id=3, train_ids=[0, 1, 2, 3],
               ckpt_path=ck, progress=False)
     assert torch.load(ck, weights_only=False)["step"] == 9 and s["steps"] == 9
+
+
+def test_a_checkpoint_of_another_draft_is_refused_naming_what_differs(tiny_target, cache, tmp_path):
+    ck = str(tmp_path / "ck.pt")
+    cfg = dict(batch_size=2, anchors_per_seq=4, checkpoint_every=3, seed=0)
+    train(_model(tiny_target), cache, TrainConfig(steps=3, **cfg), mask_id=3, train_ids=[0, 1, 2, 3], ckpt_path=ck,
+          progress=False)
+    with pytest.raises(ValueError, match=r"ck.pt holds the checkpoint of another draft \(layers\.1\..* is missing"):
+        train(_model(tiny_target, n_layer=2), cache, TrainConfig(steps=6, **cfg), mask_id=3, train_ids=[0, 1, 2, 3],
+              ckpt_path=ck, progress=False)
+    assert torch.load(ck, weights_only=False)["step"] == 3  # left as it was
 
 
 def test_time_limit_stops_and_is_resumable(tiny_target, cache, tmp_path):
