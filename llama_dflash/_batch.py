@@ -15,7 +15,7 @@ is found without a `ctypes.cast` per row.
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 from llama_cpp import llama_cpp as ll

@@ -40,7 +40,6 @@ import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 import llama_cpp
-import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from . import _bindings as ext

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
 from llama_cpp import llama_cpp as ll
 
 from ._batch import logits_ith_addr

@@ -40,7 +40,7 @@ import collections
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from llama_cpp import llama_cpp as ll

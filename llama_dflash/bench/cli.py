@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..config import ALGORITHMS, DRAFT_SPEC_TYPES, SpecConfig, TargetConfig
 from ..draft_models import validate_draft_files
@@ -22,6 +22,10 @@ from ..sampling import SamplingParams
 from .format import format_result
 from .runner import BenchConfig, run_benchmark
 from .workloads import WORKLOAD_HELP, WORKLOADS, load_prompt_file, workload_prompts
+
+if TYPE_CHECKING:  # annotations only
+    from .runner import RunResult
+    from .sweep import SweepConfig
 
 __all__ = ["configure", "run", "DEFAULT_PROMPT", "chat_wrap", "plain_transcript", "draft_tokens_arg",
            "spec_type_arg", "spec_type_names", "add_spec_type_args", "spec_options", "needs_draft_model",

@@ -23,7 +23,7 @@ def format_header(res: BenchResult) -> str:
         f"Draft model    : {draft}",
         f"Algorithm      : {res.algorithm}",
         *([f"Spec types     : {','.join(res.speculator_names or c.spec.spec_types)}"] if typed else []),
-        *([f"N-gram sizes   : " + ", ".join(f"{k}={getattr(c.spec, k)}" for k in
+        *(["N-gram sizes   : " + ", ".join(f"{k}={getattr(c.spec, k)}" for k in
                                             ("ngram_size_n", "ngram_size_m", "ngram_min_hits")
                                             if getattr(c.spec, k) is not None)]
           if typed and any(getattr(c.spec, k) is not None for k in ("ngram_size_n", "ngram_size_m", "ngram_min_hits"))

@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .errors import APIError, error_body
 from .guard import RequestGuard
 from .batched import batchable
-from .runner import Job, ModelRunner, RequestStopped
+from .runner import Job, ModelRunner
 from .schemas import ChatRequest, CompletionRequest, Limits, parse_json, validate_request
 from .structured import prepare
 from .timings import timings, usage

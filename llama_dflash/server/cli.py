@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..bench.cli import DEFAULT_SPEC_TYPE, add_spec_type_args, draft_tokens_arg, needs_draft_model, spec_options, spec_type_names
 from ..config import ALGORITHMS
 from .app import DEFAULT_MAX_TOKENS_CAP
+
+if TYPE_CHECKING:  # annotations only
+    from ..config import SpecConfig
 
 __all__ = ["configure", "run", "build_spec"]
 

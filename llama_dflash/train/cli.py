@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         dist.close()
 
 
-def _existing_cache(data_dir: str, model_path: str, layers) -> "FeatureCache":
+def _existing_cache(data_dir: str, model_path: str, layers):
     """--reuse-data: the cache in data_dir, checked against this target and these layers."""
     from .data import FeatureCache
 

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..writer import DraftShape, write_draft
+from ..writer import write_draft
 from .model import DraftModel
 
 __all__ = ["export_draft", "parity_check", "evaluate_acceptance"]

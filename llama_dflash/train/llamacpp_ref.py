@@ -184,6 +184,41 @@ class SimpleReference:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def reset(self) -> None:
+        """Forget the sequence `propose` has been following."""
+        self.ctx.clear()
+        self._written = 0  # the cache holds the tokens of positions < this
+
+    def propose(self, tokens: Sequence[int], n_past: int, n: int) -> list[int]:
+        """n greedy draft tokens after tokens[n_past] (the last verified token, at n_past), as the C++
+        driver keeps a classic draft's cache: the verified tokens not in it yet are decoded, then
+        the drafted ones, whose cells go again.  Calls move forward along one sequence (`reset`)."""
+        if not hasattr(self, "_written"):
+            self.reset()
+        if n_past < self._written:
+            raise ValueError(f"propose at {n_past} after {self._written}: call reset() for another sequence")
+        self.ctx.seq_rm(0, self._written, -1)  # the previous draft's cells
+        todo = [int(t) for t in tokens[self._written:n_past + 1]]
+        step = self.ctx.n_ubatch
+        for a in range(0, len(todo), step):
+            chunk = todo[a:a + step]
+            self.batch.clear()
+            for i, t in enumerate(chunk):
+                self.batch.add_token(t, self._written + a + i, a + i == len(todo) - 1)
+            if self.batch.process() != 0:
+                raise RuntimeError("draft decode failed")
+        self._written = n_past + 1
+        out: list[int] = []
+        for i in range(n):
+            d = int(np.argmax(float_view(ll.llama_get_logits_ith(self.ctx.ptr, -1), (self.n_vocab,))))
+            out.append(d)
+            if i + 1 < n:
+                self.batch.clear()
+                self.batch.add_token(d, n_past + 1 + i, True)
+                if self.batch.process() != 0:
+                    raise RuntimeError("draft decode failed")
+        return out
+
     def argmax(self, tokens: Sequence[int]) -> list[int]:
         """The draft's greedy next token after each of `tokens` (decoded from position 0)."""
         self.ctx.clear()

@@ -70,21 +70,27 @@ def _columns(feature_layers: Sequence[int], draft_layers: Sequence[int], n_embd:
 
 def replay_acceptance(target: str, draft: str, answers: Sequence[Answer], *, n_max: int, feature_layers: Sequence[int],
                       n_threads: Optional[int] = None) -> dict:
-    """Acceptance of `draft` (eagle3, dflash or dspark GGUF) at n_max draft tokens replayed on
-    `answers` (their features hold `feature_layers`, a superset of the draft's)."""
+    """Acceptance of `draft` (eagle3, dflash or dspark GGUF, or a classic draft model) at n_max draft
+    tokens replayed on `answers` (their features hold `feature_layers`, a superset of the draft's)."""
     from ..inspect import read_gguf
 
     info = read_gguf(draft)
     arch = info.architecture
-    key = "eagle3.target_layers" if arch == "eagle3" else "dflash.target_layers"
-    layers = [int(x) for x in info.get(key) or []]
+    n_ctx = max(64, max(len(a.tokens) for a in answers) + n_max + 8)
+    steps: list[tuple[int, int]] = []
+    if arch not in ("eagle3", "dflash"):  # a classic draft: it reads tokens only
+        from .llamacpp_ref import SimpleReference
+
+        with SimpleReference(draft, n_ctx=n_ctx, n_threads=n_threads) as ref:
+            for a in answers:
+                ref.reset()
+                steps += _loop(a, n_max, lambda n_past, k, a=a: ref.propose(a.tokens, n_past, k))
+        return _summary(steps, n_max, len(answers))
+    layers = [int(x) for x in info.get(f"{arch}.target_layers") or []]
     missing = [x for x in layers if x not in feature_layers]
     if missing:
         raise ValueError(f"{draft} reads target layers {missing} the answers' features do not hold")
-    n_embd = read_gguf(target).n_embd
-    cols = _columns(feature_layers, layers, n_embd)
-    n_ctx = max(64, max(len(a.tokens) for a in answers) + n_max + 8)
-    steps: list[tuple[int, int]] = []
+    cols = _columns(feature_layers, layers, read_gguf(target).n_embd)
     if arch == "eagle3":
         from .llamacpp_ref import Eagle3Reference
 
@@ -115,8 +121,6 @@ def replay_acceptance(target: str, draft: str, answers: Sequence[Answer], *, n_m
                 steps += _loop(a, n_max, propose)
         finally:
             eng.close()
-    else:
-        raise ValueError(f"{draft}: replay runs eagle3, dflash and dspark drafts, not {arch!r}")
     return _summary(steps, n_max, len(answers))
 
 

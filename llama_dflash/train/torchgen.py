@@ -15,7 +15,6 @@ gives the features of every row, the last answer token's too.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 

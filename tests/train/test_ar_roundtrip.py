@@ -173,14 +173,16 @@ def test_cpp_driver_steps_are_the_pytorch_head(drafts, tiny_target, n_max):
 
 
 @needs_driver
-def test_replay_takes_the_drivers_steps(drafts, tiny_target):
+@pytest.mark.parametrize("kind", ["eagle3", "simple"])
+def test_replay_takes_the_drivers_steps(drafts, tiny_target, kind):
     """bench/heldout_drafts.py --replay: the driver's loop replayed on the target's greedy answers,
-    the EAGLE-3 draft run by llama.cpp incrementally (Eagle3Reference.propose), takes the driver's
-    steps (up to the driver's budget edge). DSpark/DFlash drafts replay through the engine's own
-    proposer, whose steps the engine's C++ parity tests already hold to the driver's."""
+    the EAGLE-3 head or the classic draft run by llama.cpp incrementally (Eagle3Reference.propose,
+    SimpleReference.propose), takes the driver's steps (up to the driver's budget edge). DSpark/DFlash
+    drafts replay through the engine's own proposer, whose steps the engine's C++ parity tests
+    already hold to the driver's."""
     from llama_dflash.train.replay import greedy_answers, replay_acceptance
 
-    draft = drafts["eagle3"]
+    draft = drafts[kind]
     answers = greedy_answers(tiny_target, TEST_PROMPTS, n_predict=48, layers=[0, 1, 2, 3], n_threads=1, n_ctx=256)
     n_max, budget = 3, 40
     for prompt, answer in zip(TEST_PROMPTS, answers):
