@@ -86,9 +86,12 @@ class Comparison:
         tau, cost, s = r.stats.tau, self.step_cost(r, ordinary), self.speedup(r, ordinary)
         if r.stats.drafted == 0:
             return "never drafted here (no match, or its cost model chose no draft at every step)"
+        # tau / cost is the speedup itself: a step yields tau tokens for the price of cost decodes
         why = f"tau {tau:.2f} {'>' if tau > cost else '<='} a step's cost of {cost:.2f} ordinary decodes"
         if s >= PAYS:
             return f"pays: {why}"
+        if tau > cost:
+            return f"even: {why}, within {100 * (PAYS - 1):.0f}% of ordinary decoding (noise)"
         if r.stats.acceptance_rate < 0.2:
             return f"loses: {why}; {100 * r.stats.acceptance_rate:.0f}% of its drafts accepted"
         return f"loses: {why}; verifying its drafts costs more than they save on this machine"
