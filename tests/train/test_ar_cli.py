@@ -95,10 +95,11 @@ def test_drafts_of_every_kind_share_one_workdir_each_with_its_own_checkpoint(tin
         assert (tmp_path / "w" / f"checkpoint.{algo}.pt").is_file()
         assert read_gguf(str(tmp_path / f"{algo}.gguf")).architecture == {"eagle3": "eagle3", "simple": "llama",
                                                                          "dspark": "dflash"}[algo]
-    r = _train(*common, "--output", str(tmp_path / "e3b.gguf"), "--algorithm", "eagle3", "--reuse-data",
-               "--steps", "8", "--ttt-steps", "2", "--train-vocab", "32")
+    r = _train(*common, "--output", str(tmp_path / "dspark2.gguf"), "--algorithm", "dspark", "--reuse-data",
+               "--steps", "8", "--block-size", "4", "--draft-layers", "2")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "checkpoint.eagle3.pt holds the checkpoint of another draft" in r.stderr and "(32" in r.stderr
+    assert "checkpoint.dspark.pt holds the checkpoint of another draft (layers.1." in r.stderr
+    assert "is missing" in r.stderr and "another --workdir" in r.stderr
 
 
 def test_simple_on_a_predictable_target(cycle_target, cycle_prompts, tmp_path):
