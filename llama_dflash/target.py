@@ -101,6 +101,22 @@ class TargetContext:
     def closed(self) -> bool:
         return self.ctx.closed
 
+    def draft_context_params(self, n_threads: Optional[int] = None) -> "ll.llama_context_params":
+        """The parameters of a one-sequence draft context beside this target (a classic draft, an
+        EAGLE-3 head, the MTP head): the target's context size, batch sizes and flash attention, and
+        `n_threads` (default: the target's)."""
+        params = ll.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        params.n_batch = self.ctx.n_batch
+        params.n_ubatch = self.ctx.n_ubatch
+        params.n_seq_max = 1
+        threads = n_threads or self.config.n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = FLASH_ATTN_TYPES[self.config.flash_attn]
+        params.no_perf = True
+        return params
+
     def close(self) -> None:
         self.ctx.close()
 

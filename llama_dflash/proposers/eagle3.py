@@ -43,7 +43,7 @@ from ..config import SpecConfig
 from ..draft_models import Eagle3Info
 from ..errors import LlamaCallError
 from ..stats import SpecStats
-from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
+from ..target import TargetContext, float_view
 from .simple import DEFAULT_AR_N_MAX
 from .rows import EmbdInput, RowQueue, RowWindow, draft_chain
 from .topk import draft_length, finish_draft
@@ -70,16 +70,7 @@ class Eagle3Proposer:
         self.model = Model(info.path, n_gpu_layers=self.n_gpu_layers, repack=target.model.repack)
         self.ctx: Optional[Context] = None
         try:
-            params = ll.llama_context_default_params()
-            params.n_ctx = target.n_ctx
-            params.n_batch = target.ctx.n_batch
-            params.n_ubatch = target.ctx.n_ubatch
-            params.n_seq_max = 1
-            threads = spec.draft_n_threads or target.config.n_threads or default_threads()
-            params.n_threads = threads
-            params.n_threads_batch = threads
-            params.flash_attn_type = FLASH_ATTN_TYPES[target.config.flash_attn]
-            params.no_perf = True
+            params = target.draft_context_params(spec.draft_n_threads)
             self.ctx = Context(self.model, params, other=target.ctx)  # the target's embeddings and head
         except BaseException:
             self.model.close()

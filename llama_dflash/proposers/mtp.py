@@ -34,7 +34,7 @@ from .._llama import BatchExt, Context
 from ..config import SpecConfig
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..stats import SpecStats
-from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads, float_view
+from ..target import TargetContext, float_view
 from .rows import EmbdInput, RowQueue, RowWindow, draft_chain
 from .topk import draft_length, finish_draft
 
@@ -95,18 +95,9 @@ class MTPProposer:
         self.p_min = spec.draft_p_min
         self.n_embd = int(ll.llama_model_n_embd_out(model.ptr)) if hasattr(ll, "llama_model_n_embd_out") \
             else model.n_embd
-        params = ll.llama_context_default_params()
+        params = target.draft_context_params(spec.draft_n_threads)
         params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
-        params.n_ctx = target.n_ctx
-        params.n_batch = target.ctx.n_batch
-        params.n_ubatch = target.ctx.n_ubatch
-        params.n_seq_max = 1
         params.n_rs_seq = 0
-        threads = spec.draft_n_threads or target.config.n_threads or default_threads()
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.flash_attn_type = FLASH_ATTN_TYPES[target.config.flash_attn]
-        params.no_perf = True
         params.ctx_other = target.ctx.ptr  # as llama.cpp's driver (ignored for these graphs)
         self.ctx = Context(model, params)
         self.batch = BatchExt(self.ctx)

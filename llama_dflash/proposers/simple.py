@@ -31,7 +31,6 @@ import time
 from typing import Sequence
 
 import numpy as np
-from llama_cpp import llama_cpp as ll
 
 from .._batch import TokenBatch
 from .._llama import Context, Model, seq_state, set_seq_state
@@ -40,7 +39,7 @@ from ..draft_models import SimpleDraftInfo, check_vocab_compatible
 from ..errors import IncompatibleModelError, LlamaCallError
 from ..rewind import is_recurrent_model
 from ..stats import SpecStats
-from ..target import FLASH_ATTN_TYPES, TargetContext, default_threads
+from ..target import TargetContext
 from .topk import draft_length, finish_draft, row_logits, top_candidate
 
 __all__ = ["SimpleDraftProposer", "DEFAULT_AR_N_MAX"]
@@ -65,16 +64,7 @@ class SimpleDraftProposer:
         self.ctx = None
         try:
             self._check_model(os.path.basename(target.model.path))
-            params = ll.llama_context_default_params()
-            params.n_ctx = target.n_ctx
-            params.n_batch = target.ctx.n_batch
-            params.n_ubatch = target.ctx.n_ubatch
-            params.n_seq_max = 1
-            threads = spec.draft_n_threads or target.config.n_threads or default_threads()
-            params.n_threads = threads
-            params.n_threads_batch = threads
-            params.flash_attn_type = FLASH_ATTN_TYPES[target.config.flash_attn]
-            params.no_perf = True
+            params = target.draft_context_params(spec.draft_n_threads)
             self.ctx = Context(self.model, params)
         except BaseException:
             self.model.close()
